@@ -1,0 +1,36 @@
+# moebench — `make test` installs everything it needs from scratch into .venv and runs the
+# test suite plus the CPU smoke sweeps (Triton interpreter). Without a GPU it installs the CPU
+# build of torch first, so the unpinned `torch` requirement never pulls a multi-GB CUDA build.
+
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+SMOKE   ?= $(VENV)/smoke-results
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: install test unit smoke h200 timer-report clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+ifeq ($(HAS_GPU),)
+	$(BIN)/python -m pip install -q $(TORCH_CPU)
+endif
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(BIN)/.installed
+
+unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+smoke: install
+	rm -rf $(SMOKE)
+	$(BIN)/moebench validate sweeps/*.yaml
+	$(BIN)/moebench sweep count-block --quick --out $(SMOKE)
+	$(BIN)/moebench verify count-block --quick --out $(SMOKE)
+
+test: unit smoke
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

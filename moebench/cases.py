@@ -1,0 +1,148 @@
+"""Expand a spec matrix into concrete cases: axes (cartesian) x zip groups x variants.
+
+A case is one (variant, full parameter set). Its id is a short hash of the family, the
+variant label and every resolved parameter, so it is stable across runs and across edits
+of a spec that leave the case itself unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from moebench.errors import SpecError
+from moebench.expr import compile_expr, evaluate
+from moebench.families import REQUIRED
+from moebench.spec import Matrix, Spec
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    variant: str
+    label: str
+    params: dict[str, Any]  # every parameter of the family; launch params the variant ignores are None
+    id: str
+
+    def short(self, varying: tuple[str, ...] = ()) -> str:
+        keys = varying or tuple(self.params)
+        bits = ",".join(f"{k}={self.params[k]}" for k in keys if self.params.get(k) is not None)
+        return f"{self.label}[{bits}]"
+
+
+def case_id(family: str, label: str, params: dict[str, Any]) -> str:
+    blob = json.dumps([family, label, {k: v for k, v in sorted(params.items()) if v is not None}],
+                      sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _product(axes: dict[str, list], zips: list[dict[str, list]]):
+    names = list(axes)
+    groups = [[dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]]
+    for z in zips:
+        n = len(next(iter(z.values())))
+        groups.append([{k: z[k][i] for k in z} for i in range(n)])
+    for parts in itertools.product(*groups):
+        out: dict[str, Any] = {}
+        for p in parts:
+            out.update(p)
+        yield out
+
+
+def count_product(m: Matrix) -> int:
+    """Upper bound on the cases before filters, computed without expanding."""
+    n = 1
+    for v in m.axes.values():
+        n *= len(v)
+    for z in m.zips:
+        n *= len(next(iter(z.values())))
+    total = 0
+    for ve in m.variants:
+        k = n
+        for v in ve.axes.values():
+            k *= len(v)
+        total += k
+    return total
+
+
+def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool = False) -> list[Case]:
+    fam = spec.family
+    m = spec.matrix(quick=quick, verify=verify)
+    where_key = "verify.where" if verify else ("quick.where" if quick and spec.quick is not spec.sweep else "where")
+    bound = count_product(m)
+    if bound > spec.max_cases and not force:
+        raise SpecError(spec.path, "axes", f"expands to up to {bound} cases, over max_cases={spec.max_cases}; "
+                        "narrow the axes, raise max_cases, or pass --force")
+    wheres = [compile_expr(w, fam.params) for w in m.where]
+    rules = [(compile_expr(r, fam.params), r, msg) for r, msg in fam.rules]
+
+    cases: list[Case] = []
+    seen: set[str] = set()
+    for ve in m.variants:
+        used = set(fam.variants[ve.variant].params)
+        for point in _product({**m.axes, **ve.axes}, m.zips):
+            params: dict[str, Any] = {}
+            for name, p in fam.params.items():
+                if p.role == "launch" and name not in used:
+                    params[name] = None
+                    continue
+                if name in ve.params:
+                    v = ve.params[name]
+                elif name in point:
+                    v = point[name]
+                elif name in m.fixed:
+                    v = m.fixed[name]
+                elif p.model_key and p.model_key in spec.model:
+                    v = spec.model[p.model_key]
+                elif name == "seed":
+                    v = spec.seed
+                elif p.default is not REQUIRED:
+                    v = p.default
+                else:
+                    hint = " or name a model config that has it" if p.model_key else ""
+                    raise SpecError(spec.path, "fixed", f"parameter {name!r} has no value; set it in "
+                                    f"axes or fixed{hint} ({p.help})")
+                params[name] = v
+            env = {k: (v if v is not None else 0) for k, v in params.items()}
+            if not all(evaluate(w, env) for w in wheres):
+                continue
+            for tree, text, msg in rules:
+                if not evaluate(tree, env):
+                    shown = ", ".join(f"{k}={params[k]}" for k in sorted(tree_names(tree)))
+                    raise SpecError(spec.path, where_key if m.where else "axes",
+                                    f"{msg} ({text}) but a case has {shown}; add a where: filter "
+                                    f"such as {text!r}")
+            cid = case_id(fam.name, ve.label, params)
+            if cid in seen:
+                continue
+            seen.add(cid)
+            cases.append(Case(fam.name, ve.variant, ve.label, params, cid))
+    if not cases:
+        raise SpecError(spec.path, where_key if m.where else "axes",
+                        "expands to 0 cases (every case filtered out)")
+    if len(cases) > spec.max_cases and not force:
+        raise SpecError(spec.path, "axes", f"expands to {len(cases)} cases, over max_cases={spec.max_cases}; "
+                        "narrow the axes, raise max_cases, or pass --force")
+    return cases
+
+
+def tree_names(tree) -> set[str]:
+    import ast
+
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in ("min", "max")}
+
+
+def shape_key(case: Case, shape_params: tuple[str, ...]) -> tuple:
+    """Cases with the same shape key see the same inputs."""
+    return tuple((k, case.params[k]) for k in shape_params)
+
+
+def varying_params(cases: list[Case]) -> tuple[str, ...]:
+    """Parameters that take more than one value across cases (for short labels and tables)."""
+    if not cases:
+        return ()
+    names = list(cases[0].params)
+    return tuple(n for n in names if len({repr(c.params.get(n)) for c in cases}) > 1)

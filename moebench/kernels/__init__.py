@@ -1,0 +1,1 @@
+"""Kernel families: Triton kernels, launchers, torch references, input builders, variants."""

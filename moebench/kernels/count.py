@@ -1,0 +1,219 @@
+"""Token counting for MoE dispatch (seed 000): how many routed (token, k) pairs land on each
+local expert, counted with integer atomic adds.
+
+Shapes: T = buffer_tokens (capture-time capacity), V = tokens (valid this step, a device
+scalar), K = topk, E = num_experts, L = local_experts, S = local_expert_start.
+
+Because the counts are an integer reduction by atomic_add, the launch geometry decides only
+which thread issues which increment, never the multiset of increments: every geometry is
+bit-exact with every other, and with torch.bincount.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from moebench.kernels.base import Built, Check, cdiv, env_pow2
+
+# Cells on each side of the counters, poisoned; a stray atomic outside [S, S + L) would hit them.
+_GUARD = 16
+_POISON = -0x5EED
+# The PR's shipped block size after the retune; $MCORE_COUNT_TOKENS_BLOCK=1024 restores the old one.
+_SHIPPED_BLOCK = 128
+
+
+@triton.jit
+def _count_local_tokens_persistent_kernel(
+    routing_map_ptr,  # (T, K) int32 expert ids, row-major; rows >= V are stale
+    valid_tokens_ptr,  # (1,) int32 V, read on device (graph-safe)
+    counts_ptr,  # (L,) int32, accumulated into
+    local_start,  # S
+    num_local,  # L
+    TOPK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Grid: (programs,), programs fixed at capture (SM count). Program p handles the chunks
+    p, p + programs, ... of BLOCK_SIZE flattened (token, k) pairs below V * K."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_pairs = tl.load(valid_tokens_ptr) * TOPK
+    for start in range(pid * BLOCK_SIZE, n_pairs, nprog * BLOCK_SIZE):
+        offs = start + tl.arange(0, BLOCK_SIZE)
+        in_range = offs < n_pairs
+        expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
+        local = expert - local_start
+        hit = in_range & (local >= 0) & (local < num_local)
+        tl.atomic_add(counts_ptr + local, 1, mask=hit)
+
+
+@triton.jit
+def _count_local_tokens_kernel(
+    routing_map_ptr,  # (T, K) int32
+    valid_tokens_ptr,  # (1,) int32
+    counts_ptr,  # (L,) int32
+    local_start,
+    num_local,
+    TOPK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Grid: (ceil(T * K / BLOCK_SIZE),), from the capacity. Program p handles chunk p only."""
+    pid = tl.program_id(0)
+    n_pairs = tl.load(valid_tokens_ptr) * TOPK
+    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    in_range = offs < n_pairs
+    expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
+    local = expert - local_start
+    hit = in_range & (local >= 0) & (local < num_local)
+    tl.atomic_add(counts_ptr + local, 1, mask=hit)
+
+
+# ----------------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class Inputs:
+    routing_map: torch.Tensor  # (T, K) int32
+    valid: torch.Tensor  # (1,) int32
+    counts_buf: torch.Tensor  # (L + 2 * _GUARD,) int32; counts are the middle
+    counts: torch.Tensor  # (L,) int32 view
+    tokens: int
+
+
+def routing_map(params: dict, seed: int) -> torch.Tensor:
+    """(T, K) int32: K distinct experts per token, uniform or Zipf-skewed. Rows past the valid
+    count are drawn too, so a kernel that ignores the valid bound counts them and fails."""
+    T, K, E = params["buffer_tokens"], params["topk"], params["num_experts"]
+    g = torch.Generator().manual_seed(seed)
+    if params["routing"] == "uniform":
+        scores = torch.rand(T, E, generator=g)
+        return scores.topk(K, dim=1).indices.to(torch.int32)
+    # Zipf: expert popularity ~ 1 / rank^s over a random permutation of experts; K distinct draws.
+    rank = torch.randperm(E, generator=g).to(torch.float64) + 1.0
+    w = rank.pow(-params["zipf_s"])
+    # Gumbel-top-k draws K distinct experts per token with probabilities proportional to w.
+    gumbel = -torch.log(-torch.log(torch.rand(T, E, generator=g, dtype=torch.float64).clamp_min(1e-300)))
+    return (w.log() + gumbel).topk(K, dim=1).indices.to(torch.int32)
+
+
+def build_inputs(params: dict, device: str, set_index: int = 0) -> Inputs:
+    seed = params["seed"] * 1_000_003 + set_index
+    rmap = routing_map(params, seed).to(device)
+    valid = torch.tensor([params["tokens"]], dtype=torch.int32, device=device)
+    buf = torch.full((params["local_experts"] + 2 * _GUARD,), _POISON, dtype=torch.int32, device=device)
+    return Inputs(rmap, valid, buf, buf[_GUARD:_GUARD + params["local_experts"]], params["tokens"])
+
+
+def input_bytes(params: dict) -> int:
+    return params["buffer_tokens"] * params["topk"] * 4 + 4 + params["local_experts"] * 4
+
+
+# ----------------------------------------------------------------------------------- launchers
+
+
+def count_local_tokens_persistent(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"])
+
+    def launch():
+        _count_local_tokens_persistent_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
+                                                       num_warps=num_warps)
+
+    return launch
+
+
+def count_local_tokens(inp: Inputs, params: dict, block_size: int, num_warps: int):
+    grid = cdiv(params["buffer_tokens"] * params["topk"], block_size)
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"])
+
+    def launch():
+        _count_local_tokens_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
+                                            num_warps=num_warps)
+
+    return launch, grid
+
+
+# ----------------------------------------------------------------------------------- reference
+
+
+def reference(inp: Inputs, params: dict) -> torch.Tensor:
+    """torch.bincount over the valid prefix, sliced to the local experts."""
+    ids = inp.routing_map[: params["tokens"]].reshape(-1).long().cpu()
+    full = torch.bincount(ids, minlength=params["num_experts"])
+    s = params["local_expert_start"]
+    return full[s:s + params["local_experts"]].to(torch.int32)
+
+
+def check(inp: Inputs, out: torch.Tensor, expected: torch.Tensor, params: dict) -> Check:
+    guards = torch.cat([inp.counts_buf[:_GUARD], inp.counts_buf[-_GUARD:]]).cpu()
+    if not bool((guards == _POISON).all()):
+        return Check(False, "wrote outside the local-expert counters")
+    got = out.cpu()
+    if torch.equal(got, expected):
+        return Check(True, "exact")
+    bad = int((got != expected).sum())
+    return Check(False, f"{bad}/{expected.numel()} counts differ from torch.bincount")
+
+
+def nonvacuity(inp: Inputs, out: torch.Tensor, params: dict) -> dict:
+    c = out.cpu()
+    return {"counts_sum": int(c.sum()), "experts_populated": int((c > 0).sum()),
+            "local_experts": params["local_experts"]}
+
+
+def work(params: dict, geometry: dict, device) -> dict:
+    """Byte and occupancy model: the valid prefix of the map is read once; each counter is
+    read-modified-written (in L2, by atomics)."""
+    pairs = params["tokens"] * params["topk"]
+    block = geometry["block_size"]
+    ctas = geometry["grid"]
+    return {
+        "bytes": pairs * 4 + 4 + params["local_experts"] * 8,
+        "ctas": ctas,
+        "ctas_with_work": min(ctas, cdiv(pairs, block)),
+        "threads_per_cta": geometry["num_warps"] * 32,
+        "pairs_per_thread": cdiv(block, geometry["num_warps"] * 32),
+    }
+
+
+# ----------------------------------------------------------------------------------- variants
+
+
+def _built(inp: Inputs, launch, geometry: dict, kernel: str, params: dict) -> Built:
+    def reset():
+        inp.counts.zero_()
+
+    key = (kernel, params["topk"], geometry["block_size"], geometry["num_warps"])
+    return Built(launch, inp.counts, reset, geometry, key)
+
+
+def _persistent(inp: Inputs, params: dict, device, block_size: int) -> Built:
+    grid = params["grid"] or device.sm_count
+    nw = params["num_warps"]
+    launch = count_local_tokens_persistent(inp, params, grid, block_size, nw)
+    return _built(inp, launch, {"grid": grid, "block_size": block_size, "num_warps": nw},
+                  "persistent", params)
+
+
+def build_persistent(inp: Inputs, params: dict, device) -> Built:
+    return _persistent(inp, params, device, params["block_size"])
+
+
+def build_shipped(inp: Inputs, params: dict, device) -> Built:
+    return _persistent(inp, params, device, env_pow2("MCORE_COUNT_TOKENS_BLOCK", _SHIPPED_BLOCK))
+
+
+def build_nonpersistent(inp: Inputs, params: dict, device) -> Built:
+    nw = params["num_warps"]
+    launch, grid = count_local_tokens(inp, params, params["block_size"], nw)
+    return _built(inp, launch, {"grid": grid, "block_size": params["block_size"], "num_warps": nw},
+                  "nonpersistent", params)
+
+
+VARIANTS = {
+    "persistent": build_persistent,
+    "nonpersistent": build_nonpersistent,
+    "shipped": build_shipped,
+}

@@ -1,0 +1,172 @@
+"""Records -> tables. Long format in, PR-style pivots out (rows one parameter, columns another).
+
+Library code: returns DataFrames and strings; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from moebench.records import Record
+
+STATUS_MARK = {"mismatch": "✗ mismatch", "error": "✗ error", "skipped": "skipped"}
+
+
+def frame(records: list[Record]) -> pd.DataFrame:
+    return pd.DataFrame([r.to_row() for r in records])
+
+
+def varying(df: pd.DataFrame, candidates: list[str]) -> list[str]:
+    out = []
+    for c in candidates:
+        if c in df.columns and df[c].astype(str).nunique(dropna=False) > 1:
+            out.append(c)
+    return out
+
+
+def pivots(records: list[Record], rows: str, cols: str, metric: str,
+           param_names: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """One pivot per combination of the other varying parameters. Cells hold the metric, or a
+    status mark for failed cases. Returns (title, table) pairs."""
+    df = frame(records)
+    if df.empty:
+        return []
+    if metric not in df.columns:
+        df[metric] = None
+    others = [c for c in varying(df, ["label"] + param_names) if c not in (rows, cols)]
+    row_keys = ([rows] if rows in df.columns else [])
+    if "label" in others:  # several variants: they become row groups, like the PR's "(before)" row
+        others.remove("label")
+        row_keys = ["label"] + row_keys
+
+    def cell(r: pd.Series) -> Any:
+        if r["status"] != "ok":
+            return STATUS_MARK.get(r["status"], r["status"])
+        v = r[metric]
+        return None if pd.isna(v) else v
+
+    tables = []
+    groups = df.groupby(others, dropna=False, sort=True) if others else [((), df)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        title = ", ".join(f"{k}={v}" for k, v in zip(others, key))
+        idx = row_keys or ["label"]
+        col = cols if cols in g.columns else "label"
+        row_vals = _ordered(g[idx].itertuples(index=False, name=None))
+        col_vals = _ordered((v,) for v in g[col])
+        cells = {(tuple(r[i] for i in idx), r[col]): cell(r) for _, r in g.iterrows()}
+        data = [[cells.get((rv, cv[0])) for cv in col_vals] for rv in row_vals]
+        index = pd.MultiIndex.from_tuples(row_vals, names=idx) if len(idx) > 1 else pd.Index(
+            [rv[0] for rv in row_vals], name=idx[0])
+        t = pd.DataFrame(data, index=index, columns=pd.Index([cv[0] for cv in col_vals], name=col))
+        tables.append((title, t))
+    return tables
+
+
+def _ordered(items) -> list[tuple]:
+    """Distinct values in sorted order (numbers numerically), keeping None last."""
+    seen = list(dict.fromkeys(tuple(x) for x in items))
+
+    def key(t):
+        return tuple((0, float(x), "") if isinstance(x, (int, float)) and not pd.isna(x) else (1, 0.0, str(x))
+                     for x in t)
+
+    return sorted(seen, key=key)
+
+
+def fmt(v: Any, metric: str = "") -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if metric.endswith("_pct") or metric.startswith("x_"):
+            return f"{v:.2f}"
+        return f"{v:.2f}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> str:
+    idx_names = [n for n in t.index.names]
+    head = [corner or " / ".join(str(n) for n in idx_names)] + [str(c) for c in t.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+    for key, row in t.iterrows():
+        key = key if isinstance(key, tuple) else (key,)
+        lines.append("| " + " | ".join([" ".join(str(k) for k in key)] + [fmt(v, metric) for v in row]) + " |")
+    return "\n".join(lines)
+
+
+def verdict(records: list[Record]) -> dict[str, int]:
+    n = len(records)
+    checked = [r for r in records if r.status in ("ok", "mismatch")]
+    return {
+        "cases": n,
+        "exact": sum(1 for r in checked if r.status == "ok"),
+        "mismatch": sum(1 for r in records if r.status == "mismatch"),
+        "error": sum(1 for r in records if r.status == "error"),
+        "checked": len(checked),
+    }
+
+
+def verdict_line(records: list[Record]) -> str:
+    v = verdict(records)
+    line = f"{v['exact']}/{v['cases']} exact"
+    if v["mismatch"]:
+        line += f", {v['mismatch']} mismatched"
+    if v["error"]:
+        line += f", {v['error']} failed to run"
+    return line
+
+
+def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | None = None) -> str:
+    """The results page: what ran, where, the verdict, the PR-style tables and the floors."""
+    pv = spec.pivot
+    metric = metric or pv.get("metric", "median_us")
+    dev = prov.get("device", {})
+    c = prov.get("ceilings", {}) or {}
+    out = [f"# {spec.name}", ""]
+    if spec.description:
+        out += [spec.description.strip(), ""]
+    out += [f"- Device: {dev.get('name')} ({dev.get('sm_count')} SMs, L2 {dev.get('l2_bytes', 0) / 2**20:.0f} MiB), "
+            f"driver {dev.get('driver')}, CUDA {dev.get('cuda')}, torch {dev.get('torch')}, triton {dev.get('triton')}",
+            f"- Command: `{prov.get('command')}`",
+            f"- Spec: `{prov.get('spec_path')}` sha256 {str(prov.get('spec_sha256'))[:12]}, seed {prov.get('seed')}, "
+            f"commit {prov.get('git_commit')}, {prov.get('timestamp')}",
+            f"- Correctness: **{verdict_line(records)}** (torch reference and `torch.equal` against the baseline "
+            f"launch {_baseline_text(spec)})"]
+    timed = [r for r in records if r.timing.get("median_us") is not None]
+    if timed:
+        t = prov.get("timing", {})
+        noise = [r.timing.get("rel_noise", 0) for r in timed]
+        out.append(f"- Timer: CUDA-graph replay, {t.get('launches_per_graph')} launches per graph, per-launch "
+                   f"median over replays (stop when the median's 95% half-width < {100 * t.get('target_rel_noise', 0):.1f}%"
+                   f" or {t.get('max_seconds')} s); worst achieved ±{100 * max(noise):.2f}%. L2: {t.get('l2')}.")
+        if c:
+            out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "
+                       f"{c.get('copy_l2_gbps', 0):,.0f} GB/s L2-resident (bytes read + written); empty kernel "
+                       f"{c.get('empty_us', 0):.2f} µs at grid 1, {c.get('empty_sms_us', 0):.2f} µs at grid = SMs.")
+    else:
+        out.append("- Timing: none — this run had no CUDA device (Triton interpreter on the CPU checks "
+                   "correctness only).")
+    out.append("")
+    rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
+    for title, t in pivots(records, rows, cols, metric, list(spec.family.params)):
+        out += [f"## {metric}" + (f" — {title}" if title else ""), "", markdown_table(t, metric, f"{rows} \\ {cols}"), ""]
+    bad = [r for r in records if r.status != "ok"]
+    if bad:
+        out += ["## Failed cases", ""]
+        out += [f"- `{r.case_id}` {r.label} {_short_params(r)}: {r.status}: {r.error.splitlines()[0] if r.error else ''}"
+                for r in bad]
+        out.append("")
+    return "\n".join(out)
+
+
+def _baseline_text(spec) -> str:
+    b = spec.baseline or {}
+    return ", ".join(f"{k}={v}" for k, v in b.items()) or "none"
+
+
+def _short_params(r: Record) -> str:
+    return ", ".join(f"{k}={v}" for k, v in r.params.items() if v is not None)

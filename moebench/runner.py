@@ -1,0 +1,289 @@
+"""The runner: the one place that joins spec, cases, kernel families, timer and records.
+
+case -> inputs -> variant closure -> reset/poison -> run once -> verify -> time -> Record.
+A case that fails is recorded with its error and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from moebench.cases import Case, shape_key
+from moebench.device import DeviceInfo, nvml_clocks
+from moebench.families import load_impl
+from moebench.kernels.base import Check
+from moebench.records import Record
+from moebench.spec import Spec, Timing
+from moebench.stats import noise_below, summarize
+
+CROSS_CHECKS = ("dobench", "profiler")
+
+
+@dataclass
+class RunOptions:
+    timing: Timing
+    time_it: bool = True  # False: correctness only (interpreter, or `verify`)
+    cross: tuple[str, ...] = ()
+    ceilings: dict[str, Any] = field(default_factory=dict)
+    traceback: bool = False  # keep the traceback in a failed record's error
+
+
+class Runner:
+    def __init__(self, spec: Spec, device: DeviceInfo, opts: RunOptions):
+        self.spec = spec
+        self.fam = spec.family
+        self.device = device
+        self.opts = opts
+        self.torch_device = "cuda" if device.backend == "cuda" else "cpu"
+        self.impl = None if self.fam.host_only else load_impl(self.fam)
+        self._inputs: dict[tuple, list] = {}  # shape key -> input sets
+        self._ref: dict[tuple, Any] = {}
+        self._base: dict[tuple, Any] = {}
+        self._compiled: set[tuple] = set()
+        self.compile_s_total = 0.0
+
+    # ------------------------------------------------------------------ inputs & references
+
+    def _n_sets(self, params: dict) -> int:
+        t = self.opts.timing
+        if not self.opts.time_it or t.l2 != "cold" or not self.device.l2_bytes:
+            return 1
+        per = max(1, self.impl.input_bytes(params))
+        return max(2, min(512, math.ceil(t.cold_l2_multiple * self.device.l2_bytes / per)))
+
+    def inputs(self, case: Case) -> list:
+        key = shape_key(case, self.fam.shape_params)
+        n = self._n_sets(case.params)
+        have = self._inputs.get(key)
+        if have is None or len(have) < n:
+            if len(self._inputs) > 4:  # keep memory bounded: inputs are rebuilt on demand
+                self._inputs.clear()
+            self._check_memory(case, n)
+            self._inputs[key] = [self.impl.build_inputs(case.params, self.torch_device, i) for i in range(n)]
+        return self._inputs[key][:n]
+
+    def _check_memory(self, case: Case, n_sets: int) -> None:
+        if self.torch_device != "cuda":
+            return
+        import torch
+
+        need = self.impl.input_bytes(case.params) * n_sets
+        free, _ = torch.cuda.mem_get_info()
+        if need > 0.9 * free:
+            raise MemoryError(f"needs ~{need / 2**30:.2f} GiB of inputs, {free / 2**30:.2f} GiB free on "
+                              f"{self.device.name}; shrink the shape")
+
+    def reference(self, case: Case, inp) -> Any:
+        key = shape_key(case, self.fam.shape_params)
+        if key not in self._ref:
+            self._ref[key] = self.impl.reference(inp, case.params)
+        return self._ref[key]
+
+    def baseline_output(self, case: Case, inp) -> Any:
+        """Output of the spec's baseline launch on the same inputs (run once per shape)."""
+        key = shape_key(case, self.fam.shape_params)
+        if key not in self._base:
+            b = dict(self.spec.baseline)
+            vname = b.pop("variant")
+            params = dict(case.params)
+            for name in self.fam.launch_params:
+                if name not in self.fam.variants[vname].params:
+                    params[name] = None
+                elif name in b:
+                    params[name] = b[name]
+                elif params.get(name) is None:
+                    params[name] = self.fam.params[name].default
+            built = self.impl.VARIANTS[vname](inp, params, self.device)
+            self._first_launch(built)
+            built.reset()
+            built.launch()
+            self._sync()
+            self._base[key] = built.output.clone()
+        return self._base[key]
+
+    # ------------------------------------------------------------------ launching
+
+    def _sync(self) -> None:
+        if self.torch_device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _first_launch(self, built) -> float | None:
+        """Run once, so JIT compile happens outside any timing. Returns the compile seconds
+        when this launch compiled a new specialization, else None."""
+        new = built.compile_key not in self._compiled
+        built.reset()
+        t0 = time.perf_counter()
+        built.launch()
+        self._sync()
+        dt = time.perf_counter() - t0
+        if new:
+            self._compiled.add(built.compile_key)
+            self.compile_s_total += dt
+            return dt
+        return None
+
+    # ------------------------------------------------------------------ one case
+
+    def run_case(self, case: Case) -> Record:
+        rec = Record(self.spec.name, self.fam.name, case.id, case.variant, case.label, "ok",
+                     params={k: v for k, v in case.params.items()})
+        try:
+            if self.fam.host_only:
+                rec.work = self._host(case)
+                return rec
+            self._kernel_case(case, rec)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
+            rec.status = "error"
+            rec.error = f"{type(e).__name__}: {_one_line(e)}"
+            if self.opts.traceback:
+                rec.error += "\n" + traceback.format_exc()
+        return rec
+
+    def _host(self, case: Case) -> dict:
+        return self.impl_host().evaluate(case.params)
+
+    def impl_host(self):
+        if self.impl is None:
+            self.impl = load_impl(self.fam)
+        return self.impl
+
+    def _kernel_case(self, case: Case, rec: Record) -> None:
+        sets = self.inputs(case)
+        inp = sets[0]
+        builder = self.impl.VARIANTS[case.variant]
+        built = builder(inp, case.params, self.device)
+        rec.launch = dict(built.geometry)
+
+        compile_s = self._first_launch(built)
+        rec.timing["compile_s"] = round(compile_s, 4) if compile_s is not None else None
+
+        # checked launch: reset/poison, one launch, compare to torch and to the baseline launch
+        expected = self.reference(case, inp)
+        base = self.baseline_output(case, inp) if self.spec.baseline else None
+        built.reset()
+        built.launch()
+        self._sync()
+        out = built.output
+        chk: Check = self.impl.check(inp, out, expected, case.params)
+        rec.checks["ref_check"] = chk.detail
+        if base is not None:
+            import torch
+
+            rec.checks["baseline_equal"] = bool(torch.equal(out, base))
+        rec.checks.update(self.impl.nonvacuity(inp, out, case.params))
+        if not chk.ok or rec.checks.get("baseline_equal") is False:
+            rec.status = "mismatch"
+            rec.error = chk.detail if not chk.ok else "differs from the baseline launch (torch.equal)"
+
+        rec.work = self.impl.work(case.params, built.geometry, self.device)
+        self._occupancy(rec.work)
+        if not self.opts.time_it:
+            return
+        builts = [built] + [builder(s, case.params, self.device) for s in sets[1:]]
+        self._time(case, rec, builts)
+
+    def _occupancy(self, w: dict) -> None:
+        d = self.device
+        if "ctas" in w and "threads_per_cta" in w:
+            cap = d.sm_count * d.max_threads_per_sm
+            w["thread_capacity"] = cap
+            w["occupancy_pct"] = round(100.0 * min(cap, w["ctas"] * w["threads_per_cta"]) / cap, 1)
+            per_wave = d.sm_count * max(1, d.max_threads_per_sm // w["threads_per_cta"])
+            w["waves"] = round(w["ctas"] / per_wave, 2)
+
+    def _time(self, case: Case, rec: Record, builts: list) -> None:
+        from moebench.timing import time_graph
+
+        t = self.opts.timing
+        clk0 = nvml_clocks()
+        samples = time_graph([b.launch for b in builts], launches_per_graph=t.launches_per_graph,
+                             warmup=t.warmup, min_replays=t.min_replays, max_replays=t.max_replays,
+                             max_seconds=t.max_seconds, stop=noise_below(t.target_rel_noise))
+        clk1 = nvml_clocks()
+        s = summarize(samples.per_launch_us)
+        l2_note = t.l2
+        if t.l2 == "cold":
+            l2_note = f"cold ({len(builts)} sets)"
+        rec.timing.update({
+            "timer": "graph-replay", "l2": l2_note, "median_us": round(s.median_us, 4),
+            "min_us": round(s.min_us, 4), "max_us": round(s.max_us, 4), "q1_us": round(s.q1_us, 4),
+            "q3_us": round(s.q3_us, 4), "iqr_us": round(s.iqr_us, 4), "rel_noise": round(s.rel_noise, 5),
+            "n_replays": s.n, "launches_per_graph": samples.launches_per_graph,
+            "stopped_by": samples.stopped_by, "timing_wall_s": round(samples.wall_s, 3),
+            "sm_clock_start_mhz": clk0["sm_mhz"], "sm_clock_end_mhz": clk1["sm_mhz"],
+        })
+        mx = clk1.get("sm_max_mhz")
+        if mx and clk1["sm_mhz"] is not None:
+            rec.timing["clock_ok"] = clk1["sm_mhz"] >= t.clock_drop * mx
+        self._floors(rec, s.median_us, builts)
+        self._cross(rec, builts)
+
+    def _floors(self, rec: Record, median_us: float, builts: list) -> None:
+        c = self.opts.ceilings
+        w = rec.work
+        if not c:
+            return
+        nbytes = w.get("bytes")
+        if nbytes:
+            # a warm working set that fits in L2 is read against the L2 copy ceiling, else DRAM
+            fits = self.opts.timing.l2 == "warm" and self.device.l2_bytes and nbytes * 2 < self.device.l2_bytes
+            level = "l2" if fits else "dram"
+            bw = c.get(f"copy_{level}_gbps")
+            w["gbps"] = round(nbytes / (median_us * 1e-6) / 1e9, 1)
+            if bw:
+                w["floor_level"] = level
+                w["floor_us"] = round(nbytes / (bw * 1e9) * 1e6, 4)
+                w["x_floor"] = round(median_us / w["floor_us"], 2) if w["floor_us"] > 0 else None
+                if level == "l2" and c.get("copy_dram_gbps"):
+                    w["dram_floor_us"] = round(nbytes / (c["copy_dram_gbps"] * 1e9) * 1e6, 4)
+        empty = c.get("empty_sms_us") if w.get("ctas", 1) > 1 else c.get("empty_us")
+        if empty:
+            w["empty_us"] = round(empty, 4)
+            w["x_empty"] = round(median_us / empty, 2)
+
+    def _cross(self, rec: Record, builts: list) -> None:
+        if not self.opts.cross:
+            return
+        from moebench.timing import dobench_cudagraph_us, profiler_kernel_us
+
+        fns = [b.launch for b in builts]
+        try:
+            if "dobench" in self.opts.cross:
+                v = dobench_cudagraph_us(fns[0])
+                rec.cross["dobench_us"] = round(v, 4)
+                rec.cross["dobench_delta_pct"] = round(100 * (rec.timing["median_us"] - v) / v, 2)
+            if "profiler" in self.opts.cross:
+                v = profiler_kernel_us(fns, self.opts.timing.launches_per_graph)
+                if v is not None:
+                    rec.cross["kernel_us"] = round(v, 4)
+                    rec.cross["node_gap_us"] = round(rec.timing["median_us"] - v, 4)
+        except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timing stands
+            rec.cross["cross_error"] = _one_line(e)
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else repr(e))[:300]
+
+
+def run_cases(runner: Runner, cases: list[Case], *, on_start: Callable | None = None,
+              on_done: Callable | None = None) -> list[Record]:
+    """Run cases in order; a KeyboardInterrupt propagates after the records so far are handed
+    to `on_done` (the caller persists each one as it arrives)."""
+    records = []
+    for i, case in enumerate(cases):
+        if on_start:
+            on_start(i, case)
+        rec = runner.run_case(case)
+        records.append(rec)
+        if on_done:
+            on_done(i, rec)
+    return records
