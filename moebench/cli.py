@@ -151,7 +151,7 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
         with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
             ceilings = load_or_measure_ceilings(device, out_dir)
     stem = result_stem(spec.name, quick=quick, verify=verify)
-    dest = out_dir / ("host" if host_only else device.slug)
+    dest = out_dir if host_only else out_dir / device.slug
     prov = provenance(spec, device, quick=quick, verify=verify, ceilings=ceilings,
                       extra={"cross_checks": list(cross), "timed": timed})
     writer = ResultsWriter(dest, stem, prov, fmts)

@@ -154,6 +154,12 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
     for title, t in pivots(records, rows, cols, metric, list(spec.family.params)):
         out += [f"## {metric}" + (f" — {title}" if title else ""), "", markdown_table(t, metric, f"{rows} \\ {cols}"), ""]
+    # a family may add sections of its own (e.g. combine's band table), after the pivots
+    from moebench.families import load_impl
+
+    hook = getattr(load_impl(spec.family), "markdown_sections", None)
+    if hook is not None:
+        out += [hook(records), ""]
     bad = [r for r in records if r.status != "ok"]
     if bad:
         out += ["## Failed cases", ""]
