@@ -132,7 +132,7 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
     from moebench.device import load_or_measure_ceilings
     from moebench.records import ResultsWriter, previous_records, provenance, result_stem
     from moebench.report import sweep_markdown, verdict_line
-    from moebench.runner import RunOptions, Runner
+    from moebench.runner import RunOptions, Runner, add_baseline_deltas
 
     host_only = spec.family.host_only
     if host_only:
@@ -189,15 +189,16 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
 
     order = {c.id: i for i, c in enumerate(cases)}
     records.sort(key=lambda r: order.get(r.case_id, 0))
+    add_baseline_deltas(spec, records)
     prov["compile_s_total"] = round(runner.compile_s_total, 3)
     prov["jit_specializations"] = len(runner._compiled)
-    md = sweep_markdown(spec, records, prov)
+    md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
     paths = writer.finalize(records, complete=interrupted is None, markdown=md)
     if interrupted is not None:
         raise Interrupted(interrupted, f"interrupted after {len(records)} of {len(cases)} cases; completed "
                           f"records saved to {', '.join(map(str, paths))}; rerun with --resume to finish")
     if not verify:
-        _print_pivots(spec, records)
+        _print_pivots(spec, records, None if timed or host_only else "ref_check")
     line = verdict_line(records)
     out.print(f"[bold]{spec.name}{' verify' if verify else ''}: {line}[/bold]"
               + ("" if timed or host_only else "  (interpreter run: no timings)"))

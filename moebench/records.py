@@ -77,6 +77,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
+    """HEAD (with -dirty for uncommitted changes); $MOEBENCH_GIT_COMMIT where the tree was copied
+    without its .git (a remote GPU machine)."""
+    if os.environ.get("MOEBENCH_GIT_COMMIT"):
+        return os.environ["MOEBENCH_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
                              capture_output=True, text=True, timeout=5)

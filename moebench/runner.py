@@ -287,3 +287,32 @@ def run_cases(runner: Runner, cases: list[Case], *, on_start: Callable | None = 
         if on_done:
             on_done(i, rec)
     return records
+
+
+def add_baseline_deltas(spec: Spec, records: list[Record]) -> None:
+    """Read every timed record against the baseline launch of the same shape: speedup, Δµs, and
+    the per-step projection Δµs x MoE layers (from the model config), like the seed PRs do."""
+    if not spec.baseline:
+        return
+    fam = spec.family
+    b = dict(spec.baseline)
+    vname = b.pop("variant")
+    base_by_shape: dict[tuple, float] = {}
+    for r in records:
+        if r.variant != vname or r.status != "ok" or r.timing.get("median_us") is None:
+            continue
+        launch_ok = all(r.params.get(k) == (b[k] if k in b else fam.params[k].default)
+                        for k in fam.variants[vname].params)
+        if launch_ok:
+            base_by_shape[tuple((k, r.params[k]) for k in fam.shape_params)] = r.timing["median_us"]
+    layers = spec.model.get("moe_layers") if spec.model else None
+    for r in records:
+        m = r.timing.get("median_us")
+        base = base_by_shape.get(tuple((k, r.params[k]) for k in fam.shape_params))
+        if m is None or base is None:
+            continue
+        r.work["baseline_us"] = base
+        r.work["speedup"] = round(base / m, 3) if m > 0 else None
+        r.work["delta_us"] = round(m - base, 4)
+        if layers:
+            r.work["per_step_delta_us"] = round((m - base) * layers, 2)
