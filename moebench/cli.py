@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -170,6 +171,7 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
     old = {s: signal.getsignal(s) for s in (signal.SIGTERM,)}
     signal.signal(signal.SIGTERM, _raise_signal)
     interrupted = None
+    t_start = time.perf_counter()
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[case]}"), console=err,
@@ -190,6 +192,7 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
     order = {c.id: i for i, c in enumerate(cases)}
     records.sort(key=lambda r: order.get(r.case_id, 0))
     add_baseline_deltas(spec, records)
+    prov["sweep_wall_s"] = round(time.perf_counter() - t_start, 2)  # cases incl. compile + verify
     prov["compile_s_total"] = round(runner.compile_s_total, 3)
     prov["jit_specializations"] = len(runner._compiled)
     md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")

@@ -147,9 +147,13 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
             out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "
                        f"{c.get('copy_l2_gbps', 0):,.0f} GB/s L2-resident (bytes read + written); empty kernel "
                        f"{c.get('empty_us', 0):.2f} µs at grid 1, {c.get('empty_sms_us', 0):.2f} µs at grid = SMs.")
-    else:
+    elif prov.get("matrix") == "verify":
+        out.append("- Timing: none — `verify` runs the correctness matrix only.")
+    elif dev.get("backend") == "interpret":
         out.append("- Timing: none — this run had no CUDA device (Triton interpreter on the CPU checks "
                    "correctness only).")
+    else:
+        out.append("- Timing: none in this run.")
     out.append("")
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
     for title, t in pivots(records, rows, cols, metric, list(spec.family.params)):

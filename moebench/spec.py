@@ -6,7 +6,10 @@ Every error names the file, the key path and what was expected, e.g.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,13 @@ from moebench.expr import ExprError, compile_expr
 from moebench.families import FamilySpec, catalogue
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+# A spec is a page of YAML; anything this big is the wrong file (and reading /dev/zero never ends).
+MAX_SPEC_BYTES = 4 * 2**20
+# Values end up as kernel arguments and tensor sizes: they must fit a signed 64-bit integer.
+INT64_MAX = 2**63 - 1
+# Sweep names become result file names: no path separators, no surprises in a shell.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 TOP_KEYS = {
     "name": "sweep name (string)",
@@ -51,8 +61,11 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "l2": (str, None, None),
     "cold_l2_multiple": (float, 1.0, 100.0),
     "clock_drop": (float, 0.0, 1.0),
+    "placements": (int, 1, 64),
 }
 L2_MODES = ("warm", "cold")
+# the keys a matrix may have at each level (the top level is checked against TOP_KEYS)
+MATRIX_KEYS = ("axes", "zip", "fixed", "where", "variants")
 
 
 @dataclass
@@ -66,6 +79,7 @@ class Timing:
     l2: str = "warm"
     cold_l2_multiple: float = 3.0
     clock_drop: float = 0.9  # flag a case whose SM clock ended below this fraction of max
+    placements: int = 8  # warm L2: independently allocated input/output sets rotated per graph
 
 
 @dataclass
@@ -121,15 +135,22 @@ class Spec:
 def resolve_spec_path(name_or_path: str, root: Path | None = None) -> Path:
     """NAME -> sweeps/NAME.yaml (cwd first, then the project root); a path is taken as is."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or "/" in name_or_path or p.exists():
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path or _exists(p):
         return p
     for base in ([root] if root else []) + [Path.cwd(), PACKAGE_ROOT]:
         cand = base / "sweeps" / f"{name_or_path}.yaml"
-        if cand.exists():
+        if _exists(cand):
             return cand
     known = sorted({q.stem for base in (Path.cwd(), PACKAGE_ROOT) for q in (base / "sweeps").glob("*.yaml")})
     raise SpecError(f"sweeps/{name_or_path}.yaml", "", "no such sweep; built-in sweeps: "
-                    + (", ".join(known) or "none"))
+                    + (", ".join(known) or "none") + _did_you_mean(name_or_path, known))
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
 
 
 def builtin_sweeps() -> list[Path]:
@@ -149,45 +170,116 @@ def builtin_models() -> list[Path]:
 
 
 def read_yaml(path: Path) -> tuple[Any, bytes]:
-    if not path.exists():
-        raise SpecError(path, "", "no such file")
-    if path.is_dir():
-        raise SpecError(path, "", "is a directory, expected a YAML file")
     try:
+        if not path.exists():
+            raise SpecError(path, "", "no such file")
+        if path.is_dir():
+            raise SpecError(path, "", "is a directory, expected a YAML file")
+        if not path.is_file():
+            raise SpecError(path, "", "not a regular file, expected a YAML file")
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError(path, "", f"{path.stat().st_size} bytes is too large for a spec "
+                            f"(at most {MAX_SPEC_BYTES}); is this the right file?")
         data = path.read_bytes()
     except OSError as e:
-        raise SpecError(path, "", f"cannot read: {e.strerror}") from None
+        raise SpecError(path, "", f"cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. an embedded NUL byte in the path
+        raise SpecError(path, "", f"cannot read: {e}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(path, "", f"not UTF-8 text (bad byte at offset {e.start})") from None
+    return parse_yaml(text, path), data
+
+
+class _SpecYamlLoader(yaml.SafeLoader):
+    """The safe loader, with a line number on values YAML itself cannot build (2024-13-01, !!int x)."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, OverflowError) as e:
+            shown = repr(node.value)[:40] if isinstance(node, yaml.ScalarNode) else node.tag
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {shown} as {node.tag.rsplit(':', 1)[-1]}: {e}", node.start_mark) from None
+
+
+def parse_yaml(text: str, path: Path) -> Any:
+    """One YAML document -> Python values. Duplicate keys and self-referencing aliases are errors
+    (PyYAML would keep the last duplicate silently and build a cyclic value)."""
+    loader = _SpecYamlLoader(text)
     try:
-        doc = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_nodes(node, "", set(), set(), path)
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise SpecError(path, "", f"invalid YAML{where}: {problem}") from None
-    return doc, data
+    except RecursionError:
+        raise SpecError(path, "", "invalid YAML: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_nodes(node: yaml.Node, key: str, active: set[int], done: set[int], path: Path) -> None:
+    if id(node) in active:
+        raise SpecError(path, key, "an alias refers to a value that contains it (a cycle)")
+    if id(node) in done:  # an alias to a value already checked: once is enough (and keeps this linear)
+        return
+    active.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[tuple[str, str], int] = {}
+        for k, v in node.value:
+            name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+            sub = f"{key}.{name}" if key else str(name)
+            if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE_TAG:
+                ident = (k.tag, k.value)
+                if ident in lines:
+                    raise SpecError(path, sub, f"key given twice (lines {lines[ident]} and "
+                                    f"{k.start_mark.line + 1}); keep one")
+                lines[ident] = k.start_mark.line + 1
+            _check_nodes(k, sub, active, done, path)
+            _check_nodes(v, sub, active, done, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _check_nodes(v, f"{key}[{i}]", active, done, path)
+    active.discard(id(node))
+    done.add(id(node))
 
 
 def load_model(name: str, spec_path: Path) -> tuple[dict[str, Any], bytes]:
+    known = [p.stem for p in builtin_models()]
+    if not NAME_RE.fullmatch(name):
+        raise SpecError(spec_path, "model", f"expected a model config name (configs/NAME.yaml), got {name!r}; "
+                        f"known: {', '.join(known) or 'none'}")
     cands = [spec_path.resolve().parent.parent / "configs" / f"{name}.yaml",
              Path.cwd() / "configs" / f"{name}.yaml", PACKAGE_ROOT / "configs" / f"{name}.yaml"]
     path = next((c for c in cands if c.exists()), None)
     if path is None:
-        known = ", ".join(p.stem for p in builtin_models()) or "none"
-        raise SpecError(spec_path, "model", f"unknown model config {name!r}; known: {known}")
+        raise SpecError(spec_path, "model", f"unknown model config {name!r}; known: "
+                        f"{', '.join(known) or 'none'}{_did_you_mean(name, known)}")
     doc, data = read_yaml(path)
     if not isinstance(doc, dict):
         raise SpecError(path, "", f"expected a mapping of model values, got {_kind(doc)}")
     for k, v in doc.items():
         if k not in MODEL_KEYS:
-            raise SpecError(path, str(k), f"unknown model key; expected one of {', '.join(MODEL_KEYS)}")
+            raise SpecError(path, str(k), f"unknown model key; expected one of {', '.join(MODEL_KEYS)}"
+                            + _did_you_mean(k, MODEL_KEYS))
         if k == "name":
+            if not isinstance(v, str):
+                raise SpecError(path, k, f"expected a string, got {_show(v)}")
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpecError(path, str(k), f"expected a positive integer, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= INT64_MAX:
+            raise SpecError(path, str(k), f"expected a positive integer, got {_show(v)}")
     return doc, data
 
 
@@ -199,6 +291,23 @@ def _kind(v: Any) -> str:
         return "nothing (empty)"
     return {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
             float: "a number", bool: "a boolean"}.get(type(v), type(v).__name__)
+
+
+def _show(v: Any) -> str:
+    """A value as a short phrase for a message: scalars as written, containers by kind."""
+    if v is None or isinstance(v, (dict, list, set, tuple)):
+        return _kind(v) if not isinstance(v, (list, dict)) or v else f"an empty {_kind(v)[2:]}"
+    if isinstance(v, bool):
+        return str(v).lower()
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _did_you_mean(word: Any, choices) -> str:
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class _Loader:

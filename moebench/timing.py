@@ -128,13 +128,17 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
 
+    import warnings
+
     graph = capture(fns, launches_per_graph, warmup=1)
     graph.replay()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the profiler's per-cycle notice
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                graph.replay()
+            torch.cuda.synchronize()
     total, count = 0.0, 0
     for evt in prof.key_averages():
         name = evt.key.lower()

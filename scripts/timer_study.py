@@ -1,0 +1,52 @@
+"""Timer study on a GPU (issue: trustworthy timing). Not a test: a measurement script.
+
+Questions it answers for the count kernel at the decode shape (256 tokens, capacity 16384):
+ 1. placement: does where a tiny counter buffer lands move the time? Time the same case on
+    16 separately allocated input/counter sets, one at a time, then all rotated in one graph.
+ 2. graph size: does the number of launches per graph (K) move the per-launch time, and does
+    that explain the gap to triton's do_bench_cudagraph (which unrolls ~rep/t launches)?
+
+    python scripts/timer_study.py OUT_DIR
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from moebench.device import detect
+from moebench.kernels import count
+from moebench.stats import noise_below, summarize
+from moebench.timing import dobench_cudagraph_us, time_graph
+
+
+def main(out: Path) -> None:
+    dev = detect(False)
+    res: dict = {"device": dev.name}
+    base = {"tokens": 256, "buffer_tokens": 16384, "topk": 8, "num_experts": 128, "local_experts": 32,
+            "local_expert_start": 0, "routing": "uniform", "zipf_s": 1.2, "seed": 0, "grid": 0, "num_warps": 4}
+    for block in (128, 1024):
+        p = {**base, "block_size": block}
+        sets = [count.build_inputs(p, "cuda", i) for i in range(16)]
+        builts = [count.build_persistent(s, p, dev) for s in sets]
+        per_set = [summarize(time_graph([b.launch], stop=noise_below(0.003)).per_launch_us).median_us for b in builts]
+        rotated = summarize(time_graph([b.launch for b in builts[:8]], stop=noise_below(0.003)).per_launch_us).median_us
+        single = builts[0].launch
+        by_k = {k: summarize(time_graph([single], launches_per_graph=k, stop=noise_below(0.003)).per_launch_us).median_us
+                for k in (10, 50, 200, 1000)}
+        by_rep = {rep: dobench_cudagraph_us(single, rep_ms=rep) for rep in (5, 20, 100)}
+        res[f"block{block}"] = {"per_set_us": per_set, "rotated8_us": rotated, "by_launches_per_graph": by_k,
+                                "dobench_by_rep_ms": by_rep}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timer_study.json").write_text(json.dumps(res, indent=1))
+    for k, v in res.items():
+        if isinstance(v, dict):
+            ps = v["per_set_us"]
+            print(f"{k}: per-set min {min(ps):.3f} max {max(ps):.3f} µs (spread {100 * (max(ps) / min(ps) - 1):.1f}%), "
+                  f"rotated x8 {v['rotated8_us']:.3f}; by K {({a: round(b, 3) for a, b in v['by_launches_per_graph'].items()})}; "
+                  f"do_bench by rep {({a: round(b, 3) for a, b in v['dobench_by_rep_ms'].items()})}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
