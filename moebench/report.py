@@ -19,9 +19,11 @@ def frame(records: list[Record]) -> pd.DataFrame:
 
 
 def varying(df: pd.DataFrame, candidates: list[str]) -> list[str]:
+    """Columns whose set values differ (a launch parameter some variant does not read is empty
+    there; that alone does not make it vary)."""
     out = []
     for c in candidates:
-        if c in df.columns and df[c].astype(str).nunique(dropna=False) > 1:
+        if c in df.columns and df[c].dropna().astype(str).nunique() > 1:
             out.append(c)
     return out
 
@@ -129,13 +131,19 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     out = [f"# {spec.name}", ""]
     if spec.description:
         out += [spec.description.strip(), ""]
-    out += [f"- Device: {dev.get('name')} ({dev.get('sm_count')} SMs, L2 {dev.get('l2_bytes', 0) / 2**20:.0f} MiB), "
-            f"driver {dev.get('driver')}, CUDA {dev.get('cuda')}, torch {dev.get('torch')}, triton {dev.get('triton')}",
-            f"- Command: `{prov.get('command')}`",
-            f"- Spec: `{prov.get('spec_path')}` sha256 {str(prov.get('spec_sha256'))[:12]}, seed {prov.get('seed')}, "
-            f"commit {prov.get('git_commit')}, {prov.get('timestamp')}",
-            f"- Correctness: **{verdict_line(records)}** (torch reference and `torch.equal` against the baseline "
-            f"launch {_baseline_text(spec)})"]
+    host = spec.family.host_only
+    if host:
+        out.append("- Evaluated on the host: a model of the kernel's sizing, no kernel launched, nothing timed.")
+    else:
+        out.append(f"- Device: {dev.get('name')} ({dev.get('sm_count')} SMs, L2 {dev.get('l2_bytes', 0) / 2**20:.0f} "
+                   f"MiB), driver {dev.get('driver')}, CUDA {dev.get('cuda')}, torch {dev.get('torch')}, "
+                   f"triton {dev.get('triton')}")
+    out += [f"- Command: `{prov.get('command')}`",
+            f"- Spec: `{_rel(prov.get('spec_path'))}` sha256 {str(prov.get('spec_sha256'))[:12]}, seed {prov.get('seed')}, "
+            f"commit {prov.get('git_commit')}, {prov.get('timestamp')}"]
+    if not host:
+        out.append(f"- Correctness: **{verdict_line(records)}** (torch reference and `torch.equal` against the "
+                   f"baseline launch {_baseline_text(spec)})")
     timed = [r for r in records if r.timing.get("median_us") is not None]
     if timed:
         t = prov.get("timing", {})
@@ -147,6 +155,8 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
             out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "
                        f"{c.get('copy_l2_gbps', 0):,.0f} GB/s L2-resident (bytes read + written); empty kernel "
                        f"{c.get('empty_us', 0):.2f} µs at grid 1, {c.get('empty_sms_us', 0):.2f} µs at grid = SMs.")
+    elif host:
+        pass
     elif prov.get("matrix") == "verify":
         out.append("- Timing: none — `verify` runs the correctness matrix only.")
     elif dev.get("backend") == "interpret":
@@ -171,6 +181,16 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
                 for r in bad]
         out.append("")
     return "\n".join(out)
+
+
+def _rel(path) -> str:
+    """A spec path relative to the working directory when it is below it (results travel)."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, TypeError):
+        return str(path)
 
 
 def _baseline_text(spec) -> str:

@@ -158,7 +158,7 @@ class Runner:
         return rec
 
     def _host(self, case: Case) -> dict:
-        return self.impl_host().evaluate(case.params)
+        return self.impl_host().evaluate(case.params, case.variant)
 
     def impl_host(self):
         if self.impl is None:
