@@ -202,7 +202,8 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
                           f"records saved to {', '.join(map(str, paths))}; rerun with --resume to finish")
     if not verify:
         _print_pivots(spec, records, None if timed or host_only else "ref_check")
-    line = verdict_line(records)
+    line = verdict_line(records) if not host_only else (
+        f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated")
     out.print(f"[bold]{spec.name}{' verify' if verify else ''}: {line}[/bold]"
               + ("" if timed or host_only else "  (interpreter run: no timings)"))
     if not host_only:
@@ -210,8 +211,9 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
                   "(excluded from timings)")
     for r in records:
         if r.status != "ok":
-            err.print(f"[red]{r.status}[/red] {r.case_id} {r.label} "
-                      f"{ {k: v for k, v in r.params.items() if k in vary} }: {r.error.splitlines()[0] if r.error else ''}")
+            shown = ", ".join(f"{k}={v}" for k, v in r.params.items() if k in vary and v is not None)
+            err.print(f"{r.status}: {r.case_id} {r.label} [{shown}]: {r.error.splitlines()[0] if r.error else ''}",
+                      markup=False, highlight=False, soft_wrap=True)
     out.print("Wrote " + ", ".join(str(p) for p in paths))
     return 0 if all(r.status == "ok" for r in records) else 1
 
@@ -352,9 +354,12 @@ def device(
 
 
 def _register_extra_commands() -> None:
-    """Commands that live in their own modules (analysis, sharding) register here."""
+    """Commands that live in their own modules (analysis, sharding) register here, once."""
     import importlib
 
+    if STATE.get("registered"):
+        return
+    STATE["registered"] = True
     for mod in ("moebench.cli_analysis", "moebench.cli_dist"):
         try:
             importlib.import_module(mod).register(app)
@@ -366,7 +371,8 @@ def _register_extra_commands() -> None:
 def main() -> None:
     _register_extra_commands()
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click hands typer.Exit's code back in this mode
+        sys.exit(rc if isinstance(rc, int) else 0)
     except MoebenchError as e:
         if STATE["verbose"]:
             import traceback

@@ -7,6 +7,7 @@ A case that fails is recorded with its error and the sweep goes on.
 from __future__ import annotations
 
 import math
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -77,15 +78,19 @@ class Runner:
         return self._inputs[key][:n]
 
     def _check_memory(self, case: Case, n_sets: int) -> None:
-        if self.torch_device != "cuda":
-            return
-        import torch
-
+        """Refuse a case whose inputs would not fit, before allocating anything."""
         need = self.impl.input_bytes(case.params) * n_sets
-        free, _ = torch.cuda.mem_get_info()
-        if need > 0.9 * free:
-            raise MemoryError(f"needs ~{need / 2**30:.2f} GiB of inputs, {free / 2**30:.2f} GiB free on "
-                              f"{self.device.name}; shrink the shape")
+        if self.torch_device == "cuda":
+            import torch
+
+            free, _ = torch.cuda.mem_get_info()
+            where = self.device.name
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            where = "this host (interpreter run)"
+        if need > 0.8 * free:
+            raise MemoryError(f"would not fit: needs ~{need / 2**30:.2f} GiB of inputs, {free / 2**30:.2f} GiB "
+                              f"free on {where}; shrink the shape")
 
     def reference(self, case: Case, inp) -> Any:
         key = shape_key(case, self.fam.shape_params)
