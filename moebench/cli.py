@@ -106,7 +106,7 @@ def _print_pivots(spec, records, metric: str | None = None) -> None:
 
 def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: bool, interpret: bool,
          formats: str, force: bool, resume: bool, cross_check: str | None, l2: str | None,
-         time_it: bool) -> int:
+         time_it: bool, shard: str | None = None, devices: str | None = None) -> int:
     from moebench.cases import expand, varying_params
     from moebench.spec import load_spec
 
@@ -119,6 +119,16 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
         spec.timing.l2 = l2
     cases = expand(spec, quick=quick, verify=verify, force=force)
     vary = varying_params(cases)
+    shard_of = None
+    if shard is not None or any(k in os.environ for k in ("SLURM_ARRAY_TASK_ID", "SLURM_PROCID")):
+        from moebench import dist
+
+        shard_of = dist.parse_shard(shard, os.environ)
+        if shard_of is not None:
+            cases = dist.partition(cases, shard_of[1])[shard_of[0]]
+            if not cases:
+                err.print(f"shard {shard_of[0]}/{shard_of[1]} holds no cases; nothing to do")
+                return 0
     if dry_run:
         tab = Table(title=f"{spec.name}: {len(cases)} cases" + (" (quick)" if quick else ""), title_justify="left")
         tab.add_column("case id")
@@ -152,9 +162,14 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
         with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
             ceilings = load_or_measure_ceilings(device, out_dir)
     stem = result_stem(spec.name, quick=quick, verify=verify)
+    if shard_of is not None:
+        from moebench import dist
+
+        stem = dist.shard_stem(stem, *shard_of)
     dest = out_dir if host_only else out_dir / device.slug
     prov = provenance(spec, device, quick=quick, verify=verify, ceilings=ceilings,
-                      extra={"cross_checks": list(cross), "timed": timed})
+                      extra={"cross_checks": list(cross), "timed": timed,
+                             "shard": list(shard_of) if shard_of else None})
     writer = ResultsWriter(dest, stem, prov, fmts)
     done = previous_records(dest, stem, spec.sha256) if resume else {}
     todo = [c for c in cases if c.id not in done]
@@ -177,9 +192,15 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
                       TimeElapsedColumn(), TextColumn("{task.fields[case]}"), console=err,
                       transient=True, disable=not err.is_terminal and not os.environ.get("MOEBENCH_PROGRESS")) as prog:
             task = prog.add_task(spec.name, total=len(todo), case="")
-            for case in todo:
-                prog.update(task, case=case.short(vary))
-                rec = runner.run_case(case)
+            if devices:
+                from moebench import dist
+
+                # one worker process per GPU, cases from a shared queue; records come back here
+                source = dist.run_on_devices(spec, todo, dist.parse_devices(devices), quick=quick, verify=verify,
+                                             opts=runner.opts)
+            else:
+                source = _local(runner, todo, lambda c: prog.update(task, case=c.short(vary)))
+            for rec in source:
                 records.append(rec)
                 writer.add(rec)
                 prog.advance(task)
@@ -218,6 +239,12 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
     return 0 if all(r.status == "ok" for r in records) else 1
 
 
+def _local(runner, cases, on_start):
+    for case in cases:
+        on_start(case)
+        yield runner.run_case(case)
+
+
 # ----------------------------------------------------------------------------- commands
 
 SPEC_ARG = typer.Argument(..., help="Sweep name (sweeps/NAME.yaml) or path to a spec file.")
@@ -236,10 +263,14 @@ def sweep(
     cross_check: Optional[str] = typer.Option(None, "--cross-check",
                                               help="Also time with: dobench (triton do_bench_cudagraph), profiler (CUPTI kernel time)."),
     l2: Optional[str] = typer.Option(None, "--l2", help="warm (default) or cold (rotate input sets past L2)."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run shard I of N (0-based); default from "
+                                        "SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set."),
+    devices: Optional[str] = typer.Option(None, "--devices", help="all or 0,1,...: one worker process per GPU."),
 ):
     """Run a sweep: verify every case, time it under CUDA-graph replay, write tables."""
     raise typer.Exit(_run(spec, quick=quick, verify=False, out_dir=out_dir, dry_run=dry_run, interpret=interpret,
-                          formats=formats, force=force, resume=resume, cross_check=cross_check, l2=l2, time_it=True))
+                          formats=formats, force=force, resume=resume, cross_check=cross_check, l2=l2, time_it=True,
+                          shard=shard, devices=devices))
 
 
 @app.command()
