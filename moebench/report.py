@@ -42,6 +42,9 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
     if "label" in others:  # several variants: they become row groups, like the PR's "(before)" row
         others.remove("label")
         row_keys = ["label"] + row_keys
+    if "label" in row_keys or cols == "label":
+        # a parameter fixed by each variant entry is part of its label, not a reason to split tables
+        others = [c for c in others if not (df.groupby("label")[c].nunique(dropna=True) <= 1).all()]
 
     def cell(r: pd.Series) -> Any:
         if r["status"] != "ok":
@@ -68,12 +71,17 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
 
 
 def _ordered(items) -> list[tuple]:
-    """Distinct values in sorted order (numbers numerically), keeping None last."""
+    """Distinct tuples: numbers in numeric order, strings (labels) in order of first appearance,
+    so variants read in the order the spec lists them."""
     seen = list(dict.fromkeys(tuple(x) for x in items))
+    first: dict = {}
+    for t in seen:
+        for i, x in enumerate(t):
+            first.setdefault((i, x), len(first))
 
     def key(t):
-        return tuple((0, float(x), "") if isinstance(x, (int, float)) and not pd.isna(x) else (1, 0.0, str(x))
-                     for x in t)
+        return tuple((0, float(x)) if isinstance(x, (int, float)) and not pd.isna(x) else (1, first[(i, x)])
+                     for i, x in enumerate(t))
 
     return sorted(seen, key=key)
 

@@ -29,8 +29,9 @@ def test_matches_bincount_and_every_geometry_agrees(routing, tokens, start):
     _, base = run(count.build_persistent, inp, p)
     assert count.check(inp, base, expected, p).ok
     for block in (16, 64, 128):
-        for builder in (count.build_persistent, count.build_nonpersistent):
-            q = {**p, "block_size": block, "grid": 3 if builder is count.build_persistent else 0}
+        for builder in (count.build_persistent, count.build_nonpersistent, count.build_prefetch,
+                        count.build_privatized):
+            q = {**p, "block_size": block, "grid": 0 if builder is count.build_nonpersistent else 3}
             _, out = run(builder, inp, q)
             assert torch.equal(out, base), (builder.__name__, block)
     nv = count.nonvacuity(inp, base, p)
@@ -109,3 +110,15 @@ def test_geometry_and_work_model():
     assert w["pairs_per_thread"] == 8  # 1024 pairs over 128 threads: the serialisation
     nb = count.build_nonpersistent(inp, p, DEV)
     assert nb.geometry["grid"] == 16384 * 8 // 1024
+
+
+@pytest.mark.parametrize("local", [1, 24, 32])
+def test_new_variants_exact_for_uneven_local_expert_counts(local):
+    p = {**BASE, "num_experts": 64, "local_experts": local, "local_expert_start": 64 - local, "tokens": 61,
+         "block_size": 32, "grid": 2}
+    inp = count.build_inputs(p, "cpu")
+    expected = count.reference(inp, p)
+    assert int(expected.sum()) > 0
+    for builder in (count.build_prefetch, count.build_privatized, count.build_persistent):
+        _, out = run(builder, inp, p)
+        assert count.check(inp, out, expected, p).ok, builder.__name__

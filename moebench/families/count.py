@@ -36,6 +36,10 @@ FAMILY = FamilySpec(
                         ("block_size", "num_warps")),
             VariantSpec("shipped", "persistent with BLOCK_SIZE from $MCORE_COUNT_TOKENS_BLOCK (default 128)",
                         ("num_warps", "grid")),
+            VariantSpec("prefetch", "persistent; the first chunk is loaded alongside the valid count, "
+                        "so the two latencies overlap", ("block_size", "num_warps", "grid")),
+            VariantSpec("privatized", "persistent; a per-program register histogram flushed once "
+                        "(<= L atomics per program)", ("block_size", "num_warps", "grid")),
         )
     },
     rules=(

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.kernels.base import Built, Check, cdiv, env_pow2
+from moebench.kernels.base import Built, Check, cdiv, env_pow2, next_pow2
 
 # Cells on each side of the counters, poisoned; a stray atomic outside [S, S + L) would hit them.
 _GUARD = 16
@@ -69,6 +69,66 @@ def _count_local_tokens_kernel(
     local = expert - local_start
     hit = in_range & (local >= 0) & (local < num_local)
     tl.atomic_add(counts_ptr + local, 1, mask=hit)
+
+
+@triton.jit
+def _count_local_tokens_prefetch_kernel(
+    routing_map_ptr,  # (T, K) int32
+    valid_tokens_ptr,  # (1,) int32
+    counts_ptr,  # (L,) int32
+    local_start,
+    num_local,
+    cap_pairs,  # T * K: bounds the speculative first load
+    TOPK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Grid: (programs,), as the persistent kernel. The first chunk's load is issued against the
+    capacity, independently of the valid-count load, so the two memory latencies overlap instead
+    of adding up; the valid bound is applied after both arrive."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    expert = tl.load(routing_map_ptr + offs, mask=offs < cap_pairs, other=-1)
+    n_pairs = tl.load(valid_tokens_ptr) * TOPK
+    local = expert - local_start
+    hit = (offs < n_pairs) & (local >= 0) & (local < num_local)
+    tl.atomic_add(counts_ptr + local, 1, mask=hit)
+    for start in range((pid + nprog) * BLOCK_SIZE, n_pairs, nprog * BLOCK_SIZE):
+        offs = start + tl.arange(0, BLOCK_SIZE)
+        in_range = offs < n_pairs
+        expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
+        local = expert - local_start
+        hit = in_range & (local >= 0) & (local < num_local)
+        tl.atomic_add(counts_ptr + local, 1, mask=hit)
+
+
+@triton.jit
+def _count_local_tokens_privatized_kernel(
+    routing_map_ptr,  # (T, K) int32
+    valid_tokens_ptr,  # (1,) int32
+    counts_ptr,  # (L,) int32
+    local_start,
+    num_local,
+    TOPK: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    LOCAL_POW2: tl.constexpr,  # next_pow2(L): the register histogram's width
+):
+    """Grid: (programs,), as the persistent kernel. Each program keeps a private histogram of the
+    local experts in registers across its chunks (a one-hot compare-and-sum per chunk) and
+    flushes it once: at most L atomics per program instead of one per routed pair."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_pairs = tl.load(valid_tokens_ptr) * TOPK
+    bins = tl.arange(0, LOCAL_POW2)
+    hist = tl.zeros([LOCAL_POW2], dtype=tl.int32)
+    for start in range(pid * BLOCK_SIZE, n_pairs, nprog * BLOCK_SIZE):
+        offs = start + tl.arange(0, BLOCK_SIZE)
+        in_range = offs < n_pairs
+        expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
+        local = expert - local_start
+        onehot = (local[:, None] == bins[None, :]) & in_range[:, None]
+        hist += tl.sum(onehot.to(tl.int32), axis=0)
+    tl.atomic_add(counts_ptr + bins, hist, mask=(bins < num_local) & (hist > 0))
 
 
 # ----------------------------------------------------------------------------------- inputs
@@ -133,6 +193,28 @@ def count_local_tokens(inp: Inputs, params: dict, block_size: int, num_warps: in
                                             num_warps=num_warps)
 
     return launch, grid
+
+
+def count_local_tokens_prefetch(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"],
+            params["buffer_tokens"] * params["topk"])
+
+    def launch():
+        _count_local_tokens_prefetch_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
+                                                     num_warps=num_warps)
+
+    return launch
+
+
+def count_local_tokens_privatized(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"])
+    local_pow2 = next_pow2(params["local_experts"])
+
+    def launch():
+        _count_local_tokens_privatized_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
+                                                       LOCAL_POW2=local_pow2, num_warps=num_warps)
+
+    return launch
 
 
 # ----------------------------------------------------------------------------------- reference
@@ -212,8 +294,25 @@ def build_nonpersistent(inp: Inputs, params: dict, device) -> Built:
                   "nonpersistent", params)
 
 
+def build_prefetch(inp: Inputs, params: dict, device) -> Built:
+    grid = params["grid"] or device.sm_count
+    nw, block = params["num_warps"], params["block_size"]
+    launch = count_local_tokens_prefetch(inp, params, grid, block, nw)
+    return _built(inp, launch, {"grid": grid, "block_size": block, "num_warps": nw}, "prefetch", params)
+
+
+def build_privatized(inp: Inputs, params: dict, device) -> Built:
+    grid = params["grid"] or device.sm_count
+    nw, block = params["num_warps"], params["block_size"]
+    launch = count_local_tokens_privatized(inp, params, grid, block, nw)
+    return _built(inp, launch, {"grid": grid, "block_size": block, "num_warps": nw},
+                  f"privatized{next_pow2(params['local_experts'])}", params)
+
+
 VARIANTS = {
     "persistent": build_persistent,
     "nonpersistent": build_nonpersistent,
     "shipped": build_shipped,
+    "prefetch": build_prefetch,
+    "privatized": build_privatized,
 }
