@@ -226,7 +226,7 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
     line = verdict_line(records) if not host_only else (
         f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated")
     out.print(f"[bold]{spec.name}{' verify' if verify else ''}: {line}[/bold]"
-              + ("" if timed or host_only else "  (interpreter run: no timings)"))
+              + ("" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"))
     if not host_only:
         out.print(f"JIT: {len(runner._compiled)} specializations, {runner.compile_s_total:.1f} s compiling "
                   "(excluded from timings)")

@@ -15,7 +15,14 @@ STATUS_MARK = {"mismatch": "✗ mismatch", "error": "✗ error", "skipped": "ski
 
 
 def frame(records: list[Record]) -> pd.DataFrame:
-    return pd.DataFrame([r.to_row() for r in records])
+    """Long format. Parameter columns stay objects: a launch parameter a variant does not read is
+    None (not NaN, which would split groups and turn integer caps into floats)."""
+    df = pd.DataFrame([r.to_row() for r in records])
+    names = {k for r in records for k in r.params}
+    for c in df.columns:
+        if c in names:
+            df[c] = pd.Series([r.params.get(c) for r in records], index=df.index, dtype=object)
+    return df
 
 
 def varying(df: pd.DataFrame, candidates: list[str]) -> list[str]:
@@ -63,11 +70,21 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
         col_vals = _ordered((v,) for v in g[col])
         cells = {(tuple(r[i] for i in idx), r[col]): cell(r) for _, r in g.iterrows()}
         data = [[cells.get((rv, cv[0])) for cv in col_vals] for rv in row_vals]
-        index = pd.MultiIndex.from_tuples(row_vals, names=idx) if len(idx) > 1 else pd.Index(
-            [rv[0] for rv in row_vals], name=idx[0])
+        shown = [tuple(_label(x) for x in rv) for rv in row_vals]
+        index = pd.MultiIndex.from_tuples(shown, names=idx) if len(idx) > 1 else pd.Index(
+            [rv[0] for rv in shown], name=idx[0], dtype=object)
         t = pd.DataFrame(data, index=index, columns=pd.Index([cv[0] for cv in col_vals], name=col))
         tables.append((title, t))
     return tables
+
+
+def _label(x: Any) -> Any:
+    """An index value for display: None (a parameter the variant does not read) as an empty mark."""
+    if x is None or (isinstance(x, float) and pd.isna(x)):
+        return "·"
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    return x
 
 
 def _ordered(items) -> list[tuple]:

@@ -61,7 +61,8 @@ class Runner:
         t = self.opts.timing
         if not self.opts.time_it or not self.device.l2_bytes:
             return 1
-        per = max(1, self.impl.input_bytes(params))
+        touched = getattr(self.impl, "touched_bytes", self.impl.input_bytes)
+        per = max(1, touched(params))
         if t.l2 == "cold":
             return max(2, min(512, math.ceil(t.cold_l2_multiple * self.device.l2_bytes / per)))
         return max(1, min(t.placements, (self.device.l2_bytes // 2) // per))

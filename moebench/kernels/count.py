@@ -171,6 +171,11 @@ def input_bytes(params: dict) -> int:
     return params["buffer_tokens"] * params["topk"] * 4 + 4 + params["local_experts"] * 4
 
 
+def touched_bytes(params: dict) -> int:
+    """What one launch reads and writes: the valid prefix of the map, the scalar, the counters."""
+    return params["tokens"] * params["topk"] * 4 + 4 + params["local_experts"] * 4
+
+
 # ----------------------------------------------------------------------------------- launchers
 
 
