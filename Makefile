@@ -30,6 +30,7 @@ smoke: install
 	$(BIN)/moebench sweep count-block --quick --out $(SMOKE)
 	$(BIN)/moebench verify count-block --quick --out $(SMOKE)
 	$(BIN)/moebench sweep count-variants --quick --out $(SMOKE)
+	$(BIN)/moebench sweep act-variants --quick --out $(SMOKE)
 	$(BIN)/moebench sweep act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)

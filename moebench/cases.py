@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moebench.errors import SpecError
-from moebench.expr import compile_expr, evaluate
+from moebench.expr import ExprError, compile_expr, evaluate
 from moebench.families import REQUIRED
 from moebench.spec import Matrix, Spec
 
@@ -68,16 +68,43 @@ def count_product(m: Matrix) -> int:
     return total
 
 
+def _prefix(spec: Spec, quick: bool, verify: bool) -> str:
+    """The key path of the matrix being expanded, for error messages."""
+    if verify:
+        return "verify.quick." if quick and spec.verify_quick is not None else "verify."
+    return "quick." if quick and spec.quick is not spec.sweep else ""
+
+
+def _where_key(spec: Spec, m: Matrix, pre: str) -> str:
+    """Where the filters of `m` were written: an override level without its own `where` inherits one."""
+    for level, key in ((spec.verify, "verify."), (spec.sweep, "")):
+        if level is not None and level is not m and m.where and m.where is level.where:
+            return key + "where"
+    return pre + "where"
+
+
 def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool = False) -> list[Case]:
     fam = spec.family
     m = spec.matrix(quick=quick, verify=verify)
-    where_key = "verify.where" if verify else ("quick.where" if quick and spec.quick is not spec.sweep else "where")
+    pre = _prefix(spec, quick, verify)
+    where_key = _where_key(spec, m, pre)
     bound = count_product(m)
     if bound > spec.max_cases and not force:
-        raise SpecError(spec.path, "axes", f"expands to up to {bound} cases, over max_cases={spec.max_cases}; "
+        raise SpecError(spec.path, pre + "axes", f"expands to up to {bound} cases, over max_cases={spec.max_cases}; "
                         "narrow the axes, raise max_cases, or pass --force")
-    wheres = [compile_expr(w, fam.params) for w in m.where]
+    wheres = [(compile_expr(w, fam.params), w) for w in m.where]
     rules = [(compile_expr(r, fam.params), r, msg) for r, msg in fam.rules]
+
+    def check(tree, text: str, env: dict, params: dict, label: str, key: str) -> bool:
+        try:
+            return bool(evaluate(tree, env))
+        except ExprError as e:
+            names = sorted(tree_names(tree))
+            shown = ", ".join(f"{k}={env[k]!r}" for k in names)
+            ignored = [k for k in names if params.get(k) is None and fam.params[k].role == "launch"]
+            note = (f" ({', '.join(ignored)} not taken by {label!r}, so it reads as 0)" if ignored else "")
+            raise SpecError(spec.path, key, f"{text!r} cannot be evaluated for {label!r} with {shown}{note}: "
+                            f"{e}") from None
 
     cases: list[Case] = []
     seen: set[str] = set()
@@ -103,16 +130,16 @@ def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool
                     v = p.default
                 else:
                     hint = " or name a model config that has it" if p.model_key else ""
-                    raise SpecError(spec.path, "fixed", f"parameter {name!r} has no value; set it in "
+                    raise SpecError(spec.path, pre + "fixed", f"parameter {name!r} has no value; set it in "
                                     f"axes or fixed{hint} ({p.help})")
                 params[name] = v
             env = {k: (v if v is not None else 0) for k, v in params.items()}
-            if not all(evaluate(w, env) for w in wheres):
+            if not all(check(tree, text, env, params, ve.label, where_key) for tree, text in wheres):
                 continue
             for tree, text, msg in rules:
-                if not evaluate(tree, env):
+                if not check(tree, text, env, params, ve.label, pre + "axes"):
                     shown = ", ".join(f"{k}={params[k]}" for k in sorted(tree_names(tree)))
-                    raise SpecError(spec.path, where_key if m.where else "axes",
+                    raise SpecError(spec.path, where_key if m.where else pre + "axes",
                                     f"{msg} ({text}) but a case has {shown}; add a where: filter "
                                     f"such as {text!r}")
             cid = case_id(fam.name, ve.label, params)
@@ -121,10 +148,12 @@ def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool
             seen.add(cid)
             cases.append(Case(fam.name, ve.variant, ve.label, params, cid))
     if not cases:
-        raise SpecError(spec.path, where_key if m.where else "axes",
-                        "expands to 0 cases (every case filtered out)")
+        shown = "; ".join(m.where)
+        raise SpecError(spec.path, where_key if m.where else pre + "axes",
+                        f"expands to 0 cases: every case is filtered out by {shown!r}" if m.where
+                        else "expands to 0 cases")
     if len(cases) > spec.max_cases and not force:
-        raise SpecError(spec.path, "axes", f"expands to {len(cases)} cases, over max_cases={spec.max_cases}; "
+        raise SpecError(spec.path, pre + "axes", f"expands to {len(cases)} cases, over max_cases={spec.max_cases}; "
                         "narrow the axes, raise max_cases, or pass --force")
     return cases
 

@@ -297,7 +297,7 @@ def validate(paths: list[str] = typer.Argument(..., help="Spec files or names.")
         spec = load_spec(p)
         n = len(expand(spec))
         nq = len(expand(spec, quick=True))
-        nv = f", verify {len(expand(spec, verify=True, force=True))}" if spec.verify else ""
+        nv = f", verify {len(expand(spec, verify=True))}" if spec.verify else ""
         out.print(f"{spec.path}: ok — {n} cases (quick {nq}{nv})")
 
 
@@ -325,6 +325,8 @@ def show(
     rows: Optional[str] = typer.Option(None, "--rows"),
     cols: Optional[str] = typer.Option(None, "--cols"),
     metric: Optional[str] = typer.Option(None, "--metric"),
+    reference: Optional[str] = typer.Option(None, "--reference", help="A published table "
+                                            "(moebench/reference/NAME.yaml) to print beside the measurement."),
 ):
     """Print any results file as a PR-style pivot."""
     from moebench.families import catalogue
@@ -344,9 +346,22 @@ def show(
         if opt not in df.columns:
             raise UsageError(f"{name}: no column {opt!r} in {results}; columns: {', '.join(df.columns)}")
     names = list(records[0].params)
-    for title, t in pivots(records, rows, cols, metric, names):
+    tables = [("measured", title, t) for title, t in pivots(records, rows, cols, metric, names)]
+    ref = None
+    if reference:
+        from moebench.analysis import beside_reference, load_reference
+
+        ref = load_reference(reference)
+        if ref.family != records[0].family:
+            raise UsageError(f"--reference: {ref.name} is a {ref.family!r} table; {results} is {records[0].family!r}")
+        tables = beside_reference(records, ref, rows, cols, metric, names)
+        if not tables:
+            raise UsageError(f"--reference: no cell of {ref.name} matches a {rows} x {cols} cell of {results}")
+    for kind, title, t in tables:
         out.print(render_table(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""),
-                               t, metric, f"{rows} \\ {cols}"))
+                               t, "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"))
+    if ref is not None:
+        out.print(f"reference: {ref.title} — {ref.source}", highlight=False)
     dev = prov.get("device", {}).get("name")
     if dev:
         out.print(f"device: {dev}; command: {prov.get('command')}")
@@ -409,7 +424,8 @@ def main() -> None:
             import traceback
 
             traceback.print_exc()
-        err.print(f"error: {e}" if not isinstance(e, Interrupted) else str(e), markup=False, highlight=False)
+        err.print(f"error: {e}" if not isinstance(e, Interrupted) else str(e), markup=False, highlight=False,
+                  soft_wrap=True)
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -425,5 +441,6 @@ def main() -> None:
             sys.exit(130)
         if STATE["verbose"]:
             raise
-        err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", markup=False)
+        err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", markup=False,
+                  soft_wrap=True)
         sys.exit(3)

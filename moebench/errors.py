@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """Escape line breaks and other control characters so a message stays one printable line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class MoebenchError(Exception):
     """Base class: a message meant for the user, no traceback needed."""
 
@@ -13,9 +20,10 @@ class SpecError(MoebenchError):
     """A spec or config file is wrong: names the file, the key path and what was expected."""
 
     def __init__(self, path: object, key: str, message: str):
-        self.path = str(path)
-        self.key = key
-        self.message = message
+        self.path = one_line(str(path))
+        self.key = one_line(str(key))
+        self.message = one_line(str(message))
+        key, message = self.key, self.message
         where = f"{self.path}: {key}: " if key else f"{self.path}: "
         super().__init__(where + message)
 

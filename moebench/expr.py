@@ -1,34 +1,63 @@
 """A tiny, safe expression language for `where:` filters and family rules.
 
 Grammar: numbers, strings, parameter names, + - * / // %, comparisons, and/or/not,
-min(...), max(...). Anything else is rejected when the spec is loaded, not when it runs.
+min(a, b, ...), max(a, b, ...). Anything else is rejected when the spec is loaded, not when
+it runs. When the names come with their parameter types (a family's `params`), the kinds are
+checked too: arithmetic and ordering need numbers (or two strings, for ordering), so
+``routing > 3`` is refused at load time instead of failing on the first case.
 """
 
 from __future__ import annotations
 
 import ast
 import operator
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
 _CMP = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
         ast.Eq: operator.eq, ast.NotEq: operator.ne}
+_ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _FUNCS = {"min": min, "max": max}
+_SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
+           ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.USub: "-", ast.UAdd: "+"}
+
+# A filter is one line of a spec; past this it is a mistake (and deep nesting overflows the parser).
+MAX_CHARS = 1000
+
+# The kinds the checker tracks. "any" is where it cannot tell (an `or` of a string and a number).
+NUM, STR, ANY = "number", "string", "any"
 
 
 class ExprError(ValueError):
     pass
 
 
-def compile_expr(text: str, names: Iterable[str]) -> ast.Expression:
-    """Parse and check an expression; raise ExprError saying what is wrong."""
+def _kind_of_type(t: Any) -> str:
+    if t is str:
+        return STR
+    if t in (int, float, bool):
+        return NUM
+    return ANY
+
+
+def compile_expr(text: str, names: Iterable[str] | Mapping[str, Any]) -> ast.Expression:
+    """Parse and check an expression; raise ExprError saying what is wrong.
+
+    `names` is either the known names, or a mapping of name -> parameter (anything with a
+    `.type`), in which case the operand kinds are checked as well.
+    """
     if not isinstance(text, str) or not text.strip():
         raise ExprError("expected a non-empty expression string")
+    if len(text) > MAX_CHARS:
+        raise ExprError(f"expression too long ({len(text)} characters, at most {MAX_CHARS}); "
+                        "split it into a list of filters")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExprError(f"not a valid expression ({e.msg}): {text!r}") from None
+    except (ValueError, MemoryError, RecursionError):  # NUL bytes; parser stack overflow on deep nesting
+        raise ExprError(f"not a valid expression: {text!r}") from None
     known = set(names)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -37,15 +66,77 @@ def compile_expr(text: str, names: Iterable[str]) -> ast.Expression:
         elif isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS or node.keywords:
                 raise ExprError(f"only min(...) and max(...) may be called, in {text!r}")
+            if len(node.args) < 2:
+                raise ExprError(f"{node.func.id}(...) needs at least two arguments, in {text!r}")
+        elif isinstance(node, ast.Constant):
+            if type(node.value) not in (int, float, str, bool):
+                raise ExprError(f"unsupported constant {node.value!r} in {text!r}; use numbers and strings")
         elif not isinstance(node, (ast.Expression, ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp,
-                                   ast.Constant, ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
+                                   ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
                                    ast.UAdd, *_BIN, *_CMP)):
             raise ExprError(f"unsupported syntax {type(node).__name__} in {text!r}")
+    for node in ast.walk(tree):  # a bare name used as a function: min = min(...) only
+        if isinstance(node, ast.Name) and node.id in _FUNCS and node.id not in known:
+            if not any(isinstance(c, ast.Call) and c.func is node for c in ast.walk(tree)):
+                raise ExprError(f"{node.id!r} is a function; call it as {node.id}(a, b), in {text!r}")
+    if isinstance(names, Mapping):
+        kinds = {n: _kind_of_type(getattr(p, "type", None)) for n, p in names.items()}
+        try:
+            _infer(tree.body, kinds, text)
+        except RecursionError:
+            raise ExprError(f"expression nested too deeply: {text!r}") from None
     return tree
 
 
+def _infer(node: ast.AST, kinds: dict[str, str], text: str) -> str:
+    """The kind an expression yields; raise ExprError where an operator gets the wrong kinds."""
+    if isinstance(node, ast.Constant):
+        return STR if isinstance(node.value, str) else NUM
+    if isinstance(node, ast.Name):
+        return kinds.get(node.id, ANY)
+    if isinstance(node, ast.BinOp):
+        for side in (node.left, node.right):
+            if _infer(side, kinds, text) == STR:
+                raise ExprError(f"{_SYMBOL[type(node.op)]!r} needs numbers, but "
+                                f"{ast.unparse(side)!r} is a string, in {text!r}")
+        return NUM
+    if isinstance(node, ast.UnaryOp):
+        k = _infer(node.operand, kinds, text)
+        if isinstance(node.op, ast.Not):
+            return NUM
+        if k == STR:
+            raise ExprError(f"unary {_SYMBOL[type(node.op)]!r} needs a number, but "
+                            f"{ast.unparse(node.operand)!r} is a string, in {text!r}")
+        return NUM
+    if isinstance(node, ast.BoolOp):
+        ks = {_infer(v, kinds, text) for v in node.values}
+        return ks.pop() if len(ks) == 1 else ANY
+    if isinstance(node, ast.Compare):
+        left = node.left
+        lk = _infer(left, kinds, text)
+        for op, right in zip(node.ops, node.comparators):
+            rk = _infer(right, kinds, text)
+            if isinstance(op, _ORDER) and ANY not in (lk, rk) and lk != rk:
+                raise ExprError(f"cannot order {ast.unparse(left)!r} ({lk}) against {ast.unparse(right)!r} "
+                                f"({rk}) with {_SYMBOL[type(op)]!r}, in {text!r}")
+            left, lk = right, rk
+        return NUM
+    if isinstance(node, ast.Call):
+        ks = {_infer(a, kinds, text) for a in node.args}
+        if STR in ks and NUM in ks:
+            raise ExprError(f"{node.func.id}(...) mixes strings and numbers, in {text!r}")
+        return ks.pop() if len(ks) == 1 else ANY
+    return ANY
+
+
 def evaluate(tree: ast.Expression, env: dict[str, Any]) -> Any:
-    return _eval(tree.body, env)
+    """Evaluate a compiled expression; any failure (division by zero, mixed kinds) is an ExprError."""
+    try:
+        return _eval(tree.body, env)
+    except ExprError:
+        raise
+    except (ArithmeticError, TypeError, ValueError, KeyError, RecursionError) as e:
+        raise ExprError(str(e) or type(e).__name__) from None
 
 
 def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
@@ -54,7 +145,10 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
     if isinstance(node, ast.Name):
         return env[node.id]
     if isinstance(node, ast.BinOp):
-        return _BIN[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(left, str) or isinstance(right, str):  # "ab" * 10**12 would try to allocate it
+            raise ExprError(f"{_SYMBOL[type(node.op)]!r} needs numbers, got {left!r} and {right!r}")
+        return _BIN[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
         v = _eval(node.operand, env)
         return (not v) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else +v)

@@ -177,6 +177,8 @@ def load_results(path: Path) -> tuple[dict, list[Record]]:
 
     if not path.exists():
         raise UsageError(f"{path}: no such results file")
+    if not path.is_file():
+        raise UsageError(f"{path}: not a file; expected a results .json")
     try:
         if path.suffix == ".jsonl":
             recs, prov = [], {}
@@ -187,8 +189,10 @@ def load_results(path: Path) -> tuple[dict, list[Record]]:
                     recs.append(Record.from_json(d["record"]))
             return prov, recs
         doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("records", []), list):
+            raise ValueError("expected an object with 'provenance' and 'records'")
         return doc.get("provenance", {}), [Record.from_json(r) for r in doc.get("records", [])]
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: not a moebench results file ({e})") from None
 
 

@@ -70,9 +70,11 @@ MATRIX_KEYS = ("axes", "zip", "fixed", "where", "variants")
 
 @dataclass
 class Timing:
-    launches_per_graph: int = 50
+    # 200 launches per graph: on an H200 a 2 µs kernel reads 2.5% high at 50 (the graph's own
+    # launch cost amortised) and within 0.5% of 1000 at 200 (results/h200/TIMER.md)
+    launches_per_graph: int = 200
     warmup: int = 5
-    min_replays: int = 40
+    min_replays: int = 20
     max_replays: int = 4000
     max_seconds: float = 1.0
     target_rel_noise: float = 0.005
@@ -209,8 +211,9 @@ class _SpecYamlLoader(yaml.SafeLoader):
 def parse_yaml(text: str, path: Path) -> Any:
     """One YAML document -> Python values. Duplicate keys and self-referencing aliases are errors
     (PyYAML would keep the last duplicate silently and build a cyclic value)."""
-    loader = _SpecYamlLoader(text)
+    loader = None
     try:
+        loader = _SpecYamlLoader(text)  # refuses control characters right away
         node = loader.get_single_node()
         if node is None:
             return None
@@ -219,12 +222,18 @@ def parse_yaml(text: str, path: Path) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        if isinstance(e, yaml.reader.ReaderError):
+            where = f" at offset {e.position}"
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        context = getattr(e, "context", None)
+        if context and not problem.startswith(context):
+            problem = f"{context}, {problem}"
         raise SpecError(path, "", f"invalid YAML{where}: {problem}") from None
     except RecursionError:
         raise SpecError(path, "", "invalid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -318,78 +327,103 @@ class _Loader:
     def fail(self, key: str, msg: str):
         raise SpecError(self.path, key, msg)
 
-    def mapping(self, v: Any, key: str) -> dict:
+    def mapping(self, v: Any, key: str, what: str = "a mapping") -> dict:
+        if v is None:
+            self.fail(key, f"expected {what}, got nothing; give it values or delete the key")
         if not isinstance(v, dict):
-            self.fail(key, f"expected a mapping, got {_kind(v)}")
+            self.fail(key, f"expected {what}, got {_show(v)}")
         for k in v:
             if not isinstance(k, str):
-                self.fail(key, f"keys must be strings, got {k!r}")
+                self.fail(key, f"keys must be strings, got {_show(k)}")
         return v
 
     def keys(self, d: dict, key: str, allowed: dict | tuple) -> None:
         for k in d:
             if k not in allowed:
                 sub = f"{key}.{k}" if key else k
-                self.fail(sub, f"unknown key; expected one of {', '.join(allowed)}")
+                self.fail(sub, f"unknown key; expected one of {', '.join(allowed)}" + _did_you_mean(k, allowed))
 
     def string(self, v: Any, key: str) -> str:
         if not isinstance(v, str) or not v.strip():
-            self.fail(key, f"expected a non-empty string, got {_kind(v)}")
+            self.fail(key, f"expected a non-empty string, got {_show(v)}")
         return v
 
     def param_name(self, name: str, key: str) -> None:
         if name not in self.family.params:
             self.fail(key, f"unknown parameter of family {self.family.name!r}; expected one of "
-                      f"{', '.join(self.family.params)}")
+                      f"{', '.join(self.family.params)}" + _did_you_mean(name, self.family.params))
 
     def value(self, name: str, v: Any, key: str) -> Any:
         self.param_name(name, key)
         p = self.family.params[name]
         if p.type is float and isinstance(v, int) and not isinstance(v, bool):
+            if abs(v) > INT64_MAX:
+                self.fail(key, f"expected a number of sensible size, got {_show(v)}")
             v = float(v)
         problem = p.check(v)
         if problem:
             self.fail(key, problem)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT64_MAX:
+            self.fail(key, f"must fit a signed 64-bit integer, got a {len(str(abs(v)))}-digit number")
+        if isinstance(v, float) and not math.isfinite(v):
+            self.fail(key, f"expected a finite number, got {v}")
         return v
 
-    def axes(self, v: Any, key: str) -> dict[str, list]:
-        v = self.mapping(v, key)
+    def axes(self, v: Any, key: str, unique: bool = True) -> dict[str, list]:
+        v = self.mapping(v, key, "a mapping PARAM: [values...]")
         out = {}
         for name, vals in v.items():
             k = f"{key}.{name}"
             self.param_name(name, k)
-            if not isinstance(vals, list):
-                vals = [vals]
-            if not vals:
-                self.fail(k, "expected a non-empty list of values")
-            out[name] = [self.value(name, x, f"{k}[{i}]") for i, x in enumerate(vals)]
-            if len(set(map(repr, out[name]))) != len(out[name]):
-                self.fail(k, f"repeated values in {out[name]}")
+            if isinstance(vals, dict):
+                self.fail(k, f"expected a list of values (or one value), got {_show(vals)}")
+            if isinstance(vals, list):
+                if not vals:
+                    self.fail(k, "expected a non-empty list of values, got an empty list")
+                out[name] = [self.value(name, x, f"{k}[{i}]") for i, x in enumerate(vals)]
+            else:  # one value is a one-value axis
+                out[name] = [self.value(name, vals, k)]
+            if unique and len(set(map(repr, out[name]))) != len(out[name]):
+                self.fail(k, f"repeated values in {out[name]}; list each value once")
         return out
 
     def fixed(self, v: Any, key: str) -> dict[str, Any]:
-        v = self.mapping(v, key)
-        return {name: self.value(name, x, f"{key}.{name}") for name, x in v.items()}
+        v = self.mapping(v, key, "a mapping PARAM: value")
+        out = {}
+        for name, x in v.items():
+            if isinstance(x, list) and name in self.family.params:
+                self.fail(f"{key}.{name}", "expected one value, got a list; sweep several values under axes")
+            out[name] = self.value(name, x, f"{key}.{name}")
+        return out
 
     def zips(self, v: Any, key: str) -> list[dict[str, list]]:
         if not isinstance(v, list):
-            self.fail(key, f"expected a list of {{PARAM: [values]}} groups, got {_kind(v)}")
+            hint = "; write zip: [{a: [...], b: [...]}]" if isinstance(v, dict) else ""
+            self.fail(key, f"expected a list of {{PARAM: [values]}} groups, got {_show(v)}{hint}")
         out = []
         for i, g in enumerate(v):
             k = f"{key}[{i}]"
-            grp = self.axes(g, k)
+            # a column may repeat a value (rows [16384, 16384] against live_rows [2048, 16384]);
+            # a whole row may not
+            grp = self.axes(g, k, unique=False)
             if not grp:
                 self.fail(k, "expected at least one parameter")
-            lens = {len(x) for x in grp.values()}
-            if len(lens) != 1:
-                self.fail(k, f"lists must have equal lengths to zip, got {sorted(lens)}")
+            lens = {n: len(x) for n, x in grp.items()}
+            if len(set(lens.values())) != 1:
+                shown = ", ".join(f"{n} has {m}" for n, m in lens.items())
+                self.fail(k, f"lists must have equal lengths to zip, got {shown}")
+            rows = list(zip(*(map(repr, x) for x in grp.values())))
+            for j, row in enumerate(rows):
+                if row in rows[:j]:
+                    shown = ", ".join(f"{n}={x[j]!r}" for n, x in grp.items())
+                    self.fail(k, f"entry {j} repeats an earlier one ({shown}); list each combination once")
             out.append(grp)
         return out
 
     def where(self, v: Any, key: str) -> list[str]:
         items = [v] if isinstance(v, str) else v
         if not isinstance(items, list):
-            self.fail(key, f"expected an expression or a list of them, got {_kind(v)}")
+            self.fail(key, f"expected an expression or a list of them, got {_show(v)}")
         for i, e in enumerate(items):
             try:
                 compile_expr(e, self.family.params)
@@ -398,67 +432,94 @@ class _Loader:
         return list(items)
 
     def variants(self, v: Any, key: str) -> list[VariantEntry]:
-        if not isinstance(v, list) or not v:
-            self.fail(key, f"expected a non-empty list of variants, got {_kind(v)}")
+        names = ", ".join(self.family.variants)
+        if not isinstance(v, list):
+            self.fail(key, f"expected a list of variants, got {_show(v)}; family {self.family.name!r} has {names}")
+        if not v:
+            self.fail(key, f"expected at least one variant, got an empty list; family {self.family.name!r} "
+                      f"has {names}")
         out, labels = [], set()
         for i, item in enumerate(v):
             k = f"{key}[{i}]"
             if isinstance(item, str):
                 item = {"variant": item}
-            item = self.mapping(item, k)
+            item = self.mapping(item, k, "a variant name or {variant, label, params, axes}")
             self.keys(item, k, ("variant", "label", "params", "axes"))
             if "variant" not in item:
-                self.fail(f"{k}.variant", "missing; name a variant of family "
-                          f"{self.family.name!r}: {', '.join(self.family.variants)}")
+                self.fail(f"{k}.variant", f"missing; name a variant of family {self.family.name!r}: {names}")
             name = self.string(item["variant"], f"{k}.variant")
             if name not in self.family.variants:
                 self.fail(f"{k}.variant", f"unknown variant {name!r}; family {self.family.name!r} has "
-                          f"{', '.join(self.family.variants)}")
+                          f"{names}" + _did_you_mean(name, self.family.variants))
             label = self.string(item.get("label", name), f"{k}.label")
             if label in labels:
                 self.fail(f"{k}.label", f"label {label!r} used twice; give each entry its own label")
             labels.add(label)
-            params = self.fixed(item.get("params", {}) or {}, f"{k}.params")
-            axes = self.axes(item.get("axes", {}) or {}, f"{k}.axes")
+            params = self.fixed(item["params"], f"{k}.params") if "params" in item else {}
+            axes = self.axes(item["axes"], f"{k}.axes") if "axes" in item else {}
+            for pname in params:
+                if pname in axes:
+                    self.fail(f"{k}.axes.{pname}", f"{pname!r} is also set in {k}.params; set it in one place")
             vs = self.family.variants[name]
-            for pname in list(params) + list(axes):
-                p = self.family.params[pname]
-                if p.role == "launch" and pname not in vs.params:
-                    self.fail(f"{k}", f"variant {name!r} does not take {pname!r}; it takes "
-                              f"{', '.join(vs.params) or 'no launch parameters'}")
+            for src, pnames in (("params", params), ("axes", axes)):
+                for pname in pnames:
+                    p = self.family.params[pname]
+                    if p.role == "launch" and pname not in vs.params:
+                        self.fail(f"{k}.{src}.{pname}", f"variant {name!r} does not take {pname!r}; it takes "
+                                  f"{', '.join(vs.params) or 'no launch parameters'}")
             out.append(VariantEntry(name, label, params, axes))
         return out
 
-    def matrix(self, d: dict, key: str, base: Matrix | None) -> Matrix:
+    def matrix(self, d: dict, key: str, base: Matrix | None, allowed: tuple = MATRIX_KEYS) -> Matrix:
         pre = f"{key}." if key else ""
         if key:
-            self.keys(d, key, ("axes", "zip", "fixed", "where", "variants", "quick"))
+            self.keys(d, key, allowed)
         variants = self.variants(d["variants"], pre + "variants") if "variants" in d else (
             base.variants if base else None)
-        axes = self.axes(d.get("axes") or {}, pre + "axes") if "axes" in d else {}
-        zips = self.zips(d["zip"], pre + "zip") if "zip" in d else None
-        fixed = self.fixed(d.get("fixed") or {}, pre + "fixed") if "fixed" in d else {}
+        axes = self.axes(d["axes"], pre + "axes") if "axes" in d else {}
+        zips = self.zips(d["zip"], pre + "zip") if "zip" in d else []
+        fixed = self.fixed(d["fixed"], pre + "fixed") if "fixed" in d else {}
         where = self.where(d["where"], pre + "where") if "where" in d else None
         # within one level a parameter is set in one place only
         seen: dict[str, str] = {}
-        groups = [("axes", axes), ("fixed", fixed)] + [(f"zip[{i}]", z) for i, z in enumerate(zips or [])]
+        groups = [("axes", axes), ("fixed", fixed)] + [(f"zip[{i}]", z) for i, z in enumerate(zips)]
         for src, names in groups:
             for n in names:
                 if n in seen:
-                    self.fail(f"{pre}{src}.{n}", f"{n!r} is also set in {pre}{seen[n]}")
+                    self.fail(f"{pre}{src}.{n}", f"{n!r} is also set in {pre}{seen[n]}; set it in one place")
                 seen[n] = src
+        # a launch parameter set here must be read by some variant, or its values would vanish in dedupe
+        for n, src in seen.items():
+            if self.family.params[n].role == "launch" and not any(
+                    n in self.family.variants[ve.variant].params for ve in variants):
+                takers = [v.name for v in self.family.variants.values() if n in v.params]
+                self.fail(f"{pre}{src}.{n}", f"no variant here takes {n!r} "
+                          f"({', '.join(ve.label for ve in variants)}); "
+                          f"it is read by {', '.join(takers) or 'no variant'}")
         if base is not None:
-            # this level overrides the base: a name it sets, in any form, replaces the base's setting
-            own = set(seen)
-            zip_names = {n for z in (zips or []) for n in z}
-            axes = {**{k: v for k, v in base.axes.items() if k not in own}, **axes}
-            fixed = {**{k: v for k, v in base.fixed.items() if k not in own}, **fixed}
-            if zips is None:
-                zips = [z for z in base.zips if not (set(z) & own)]
-            elif base.zips and not zip_names:
-                zips = list(base.zips)
+            # this level overrides the base: a name it sets, in any form, replaces the base's setting;
+            # everything else the base sets stays
+            for i, z in enumerate(base.zips):
+                hit = set(z) & set(seen)
+                if hit and hit != set(z):
+                    n = sorted(hit)[0]
+                    rest = ", ".join(sorted(set(z) - hit))
+                    self.fail(f"{pre}{seen[n]}.{n}", f"{n!r} is zipped with {rest} in the level this "
+                              f"overrides; set {rest} here too, or none of them")
+            axes = {**{k: v for k, v in base.axes.items() if k not in seen}, **axes}
+            fixed = {**{k: v for k, v in base.fixed.items() if k not in seen}, **fixed}
+            zips = [z for z in base.zips if not (set(z) & set(seen))] + zips
             where = base.where if where is None else where
-        return Matrix(variants=variants, axes=axes, zips=zips or [], fixed=fixed, where=where or [])
+        # a variant's own axes cannot sweep a parameter that advances in a zip group
+        zipped = {n: i for i, z in enumerate(zips) for n in z}
+        for i, ve in enumerate(variants):
+            for n in ve.axes:
+                if n in zipped:
+                    self.fail(f"{pre if 'variants' in d else ''}variants[{i}].axes.{n}",
+                              f"{n!r} advances in a zip group ({', '.join(zips[zipped[n]])}); "
+                              "a variant may fix it under params, not sweep it")
+        return Matrix(variants=variants, axes=axes, zips=zips, fixed=fixed, where=where or [])
+
 
 def load_spec(name_or_path: str) -> Spec:
     path = resolve_spec_path(name_or_path)
@@ -467,22 +528,26 @@ def load_spec(name_or_path: str) -> Spec:
     if doc is None:
         L.fail("", "empty file; a sweep spec needs at least name, family and variants")
     if not isinstance(doc, dict):
-        L.fail("", f"expected a mapping at the top level, got {_kind(doc)}")
+        L.fail("", f"expected a mapping of spec keys (name, family, variants, ...) at the top level, "
+               f"got {_show(doc)}")
     L.mapping(doc, "")
     L.keys(doc, "", TOP_KEYS)
-    for req in ("name", "family", "variants"):
-        if req not in doc:
-            L.fail(req, f"missing; {TOP_KEYS[req]} is required")
-    name = L.string(doc["name"], "name")
-    fam_name = L.string(doc["family"], "family")
     cat = catalogue()
+    for req, hint in (("name", "a sweep name"), ("family", f"a kernel family: {', '.join(cat)}"),
+                      ("variants", "a list of variant names")):
+        if req not in doc:
+            L.fail(req, f"missing; the spec needs {hint}")
+    name = L.string(doc["name"], "name")
+    if not NAME_RE.fullmatch(name):
+        L.fail("name", f"expected letters, digits, '.', '_' or '-' (it names the result files), got {name!r}")
+    fam_name = L.string(doc["family"], "family")
     if fam_name not in cat:
-        L.fail("family", f"unknown family {fam_name!r}; known: {', '.join(cat)}")
+        L.fail("family", f"unknown family {fam_name!r}; known: {', '.join(cat)}" + _did_you_mean(fam_name, cat))
     family = cat[fam_name]
     L.family = family
     description = doc.get("description", "") or ""
     if not isinstance(description, str):
-        L.fail("description", f"expected a string, got {_kind(description)}")
+        L.fail("description", f"expected a string, got {_show(description)}")
 
     h = hashlib.sha256(data)
     model, model_name = {}, None
@@ -492,41 +557,44 @@ def load_spec(name_or_path: str) -> Spec:
         h.update(mdata)
 
     seed = doc.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        L.fail("seed", f"expected a non-negative integer, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= INT64_MAX:
+        L.fail("seed", f"expected a non-negative integer, got {_show(seed)}")
 
     max_cases = doc.get("max_cases", 5000)
-    if isinstance(max_cases, bool) or not isinstance(max_cases, int) or max_cases < 1:
-        L.fail("max_cases", f"expected a positive integer, got {max_cases!r}")
+    if isinstance(max_cases, bool) or not isinstance(max_cases, int) or not 1 <= max_cases <= INT64_MAX:
+        L.fail("max_cases", f"expected a positive integer, got {_show(max_cases)}")
 
     sweep = L.matrix(doc, "", None)
-    quick_doc = L.mapping(doc.get("quick") or {}, "quick") if "quick" in doc else {}
-    if "quick" in quick_doc:
-        L.fail("quick.quick", "unknown key; expected one of axes, zip, fixed, where, variants")
-    quick = L.matrix(quick_doc, "quick", sweep) if quick_doc else sweep
+    quick = sweep
+    if "quick" in doc:
+        qdoc = L.mapping(doc["quick"], "quick", f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
+        quick = L.matrix(qdoc, "quick", sweep)
 
     verify = verify_quick = None
     if "verify" in doc:
-        vdoc = L.mapping(doc["verify"] or {}, "verify")
-        verify = L.matrix(vdoc, "verify", Matrix(sweep.variants, {}, [], dict(sweep.fixed), []))
+        vdoc = L.mapping(doc["verify"], "verify", f"a mapping ({', '.join(MATRIX_KEYS + ('quick',))})")
+        verify = L.matrix(vdoc, "verify", Matrix(sweep.variants, {}, [], dict(sweep.fixed), []),
+                          MATRIX_KEYS + ("quick",))
         if "quick" in vdoc:
-            verify_quick = L.matrix(L.mapping(vdoc["quick"] or {}, "verify.quick"), "verify.quick", verify)
+            vq = L.mapping(vdoc["quick"], "verify.quick", f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
+            verify_quick = L.matrix(vq, "verify.quick", verify)
 
     baseline = None
     if "baseline" in doc:
-        b = dict(L.mapping(doc["baseline"], "baseline"))
+        b = dict(L.mapping(doc["baseline"], "baseline", "a mapping {variant: NAME, PARAM: VALUE...}"))
         if "variant" not in b:
             L.fail("baseline.variant", f"missing; name a variant of {family.name!r}: {', '.join(family.variants)}")
         vname = L.string(b.pop("variant"), "baseline.variant")
         if vname not in family.variants:
             L.fail("baseline.variant", f"unknown variant {vname!r}; family {family.name!r} has "
-                   f"{', '.join(family.variants)}")
+                   f"{', '.join(family.variants)}" + _did_you_mean(vname, family.variants))
+        takes = family.variants[vname].params
         params = {}
         for k, v in b.items():
-            params[k] = L.value(k, v, f"baseline.{k}")
-            if family.params[k].role != "launch" or k not in family.variants[vname].params:
+            if k in family.params and (family.params[k].role != "launch" or k not in takes):
                 L.fail(f"baseline.{k}", f"the baseline may set only launch parameters of {vname!r}: "
-                       f"{', '.join(family.variants[vname].params) or 'none'}")
+                       f"{', '.join(takes) or 'none'}")
+            params[k] = L.value(k, v, f"baseline.{k}")
         baseline = {"variant": vname, **params}
     elif not family.host_only:
         L.fail("baseline", "missing; name the launch every variant must equal bit-exactly, "
@@ -534,30 +602,30 @@ def load_spec(name_or_path: str) -> Spec:
 
     pivot = dict(family.default_pivot)
     if "pivot" in doc:
-        pv = L.mapping(doc["pivot"], "pivot")
+        pv = L.mapping(doc["pivot"], "pivot", "a mapping {rows: PARAM, cols: PARAM, metric: COLUMN}")
         L.keys(pv, "pivot", ("rows", "cols", "metric"))
         for k, v in pv.items():
             pivot[k] = L.string(v, f"pivot.{k}")
         for k in ("rows", "cols"):
             if k in pivot and pivot[k] not in family.params and pivot[k] not in ("variant", "label"):
-                L.fail(f"pivot.{k}", f"expected a parameter of {family.name!r} or 'label'; "
-                       f"got {pivot[k]!r}")
+                L.fail(f"pivot.{k}", f"expected a parameter of {family.name!r}, 'variant' or 'label'; "
+                       f"got {pivot[k]!r}" + _did_you_mean(pivot[k], family.params))
 
     timing = Timing()
     if "timing" in doc:
-        t = L.mapping(doc["timing"], "timing")
+        t = L.mapping(doc["timing"], "timing", f"a mapping of timer settings ({', '.join(TIMING_KEYS)})")
         L.keys(t, "timing", TIMING_KEYS)
         for k, v in t.items():
             typ, lo, hi = TIMING_KEYS[k]
             key = f"timing.{k}"
             if typ is str:
-                if v not in L2_MODES:
-                    L.fail(key, f"expected one of {', '.join(L2_MODES)}, got {v!r}")
+                if not isinstance(v, str) or v not in L2_MODES:
+                    L.fail(key, f"expected one of {', '.join(L2_MODES)}, got {_show(v)}")
             else:
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and not isinstance(v, int)):
-                    L.fail(key, f"expected {'an integer' if typ is int else 'a number'}, got {v!r}")
-                if (lo is not None and v < lo) or (hi is not None and v > hi):
-                    L.fail(key, f"must be between {lo:g} and {hi:g}, got {v}")
+                    L.fail(key, f"expected {'an integer' if typ is int else 'a number'}, got {_show(v)}")
+                if (lo is not None and not lo <= v) or (hi is not None and not v <= hi):  # refuses NaN too
+                    L.fail(key, f"must be between {lo:g} and {hi:g}, got {_show(v)}")
             setattr(timing, k, typ(v))
         if timing.max_replays < timing.min_replays:
             L.fail("timing.max_replays", f"must be >= min_replays ({timing.min_replays}), got {timing.max_replays}")

@@ -56,9 +56,9 @@ def capture(fns: Sequence[Launch], launches: int, warmup: int):
 def time_graph(
     fns: Sequence[Launch],
     *,
-    launches_per_graph: int = 50,
+    launches_per_graph: int = 200,
     warmup: int = 5,
-    min_replays: int = 40,
+    min_replays: int = 20,
     max_replays: int = 4000,
     max_seconds: float = 1.0,
     batch: int = 20,

@@ -16,6 +16,8 @@ mb sweep count-block --out "$OUT/B"
 mb sweep act-grid --out "$OUT/B"
 mb sweep act-grid-rows --out "$OUT/A"
 mb sweep count-variants --out "$OUT/A"
+mb sweep act-variants --out "$OUT/A"
+mb ab count-block --off block_size=1024 --on block_size=128 --arms 4 --iters 5 --out "$OUT/A"
 mb sweep act-grid --out "$OUT/C" --l2 cold
 mb verify count-block --out "$OUT/A"
 mb verify act-grid --out "$OUT/A"

@@ -300,3 +300,27 @@ def test_quick_sweep_runs_clean():
     assert [r.status for r in recs] == ["ok"] * len(recs), [r.error for r in recs]
     assert all(r.checks["baseline_equal"] for r in recs)
     assert all(r.checks["rows_written"] == 12 for r in recs)
+
+
+@pytest.mark.parametrize("live", [0, 5, 37])
+@pytest.mark.parametrize("tile_rows,tile_cols,cap", [(1, 32, 4), (4, 64, 512), (8, 16, 3)])
+def test_tiled_variant_bit_exact_with_legacy(live, tile_rows, tile_cols, cap):
+    from moebench.device import detect
+    from moebench.kernels import activation as A
+
+    dev = detect(True)
+    p = {"op": "silu_mul_bounded", "rows": 40, "live_rows": live, "ffn": 96, "in_cols": 0, "pad_frac": 0.25,
+         "seed": 5, "grid_cap": cap, "num_warps": 4, "tile_rows": tile_rows, "tile_cols": tile_cols}
+    inp = A.build_inputs(p, "cpu")
+    legacy = A.build_legacy(inp, p, dev)
+    legacy.reset()
+    legacy.launch()
+    want = legacy.output.clone()
+    tiled = A.build_tiled(inp, p, dev)
+    tiled.reset()
+    tiled.launch()
+    assert torch.equal(tiled.output, want)
+    chk = A.check(inp, tiled.output, A.reference(inp, p), p)
+    assert chk.ok, chk.detail
+    if live:
+        assert A.nonvacuity(inp, tiled.output, p)["rows_written"] == live

@@ -48,6 +48,10 @@ FAMILY = FamilySpec(
                   help="NUM_BLOCKS = min(next_pow2(rows), grid_cap) (tl.constexpr: one JIT per value)"),
             Param("num_warps", int, default=4, role="launch", pow2=True, min=1, max=32,
                   help="warps per CTA (4 = the PR's 128-thread block)"),
+            Param("tile_rows", int, default=4, role="launch", pow2=True, min=1, max=256,
+                  help="tiled variant: rows per tile"),
+            Param("tile_cols", int, default=256, role="launch", pow2=True, min=16, max=4096,
+                  help="tiled variant: columns per tile (contiguous bf16: 8 per 16-byte vector)"),
         )
     },
     variants={
@@ -59,6 +63,9 @@ FAMILY = FamilySpec(
                         ("num_warps",)),
             VariantSpec("shipped", "capped with the cap from $MCORE_MOE_ACTIVATION_GRID_CAP (default 8192)",
                         ("num_warps",)),
+            VariantSpec("tiled", "silu_mul_bounded over TILE_ROWS x TILE_COLS tiles of the live prefix, "
+                        "round-robin over min(grid_cap, tiles at capacity) programs",
+                        ("grid_cap", "num_warps", "tile_rows", "tile_cols")),
         )
     },
     rules=(

@@ -153,6 +153,38 @@ def _squared_relu_padded_kernel(
         out_row += NUM_BLOCKS * n_cols
 
 
+@triton.jit
+def _silu_mul_tiled_kernel(
+    x_ptr,  # (M, 2N) bf16, token-major: gate | up
+    out_ptr,  # (M, N) bf16; rows >= V are left untouched
+    live_rows_ptr,  # (1,) int32 V, read on device (graph-safe)
+    in_stride,  # W = 2N
+    N_COLS: tl.constexpr,  # N: a constexpr, so `up` sits at a known, aligned offset from `gate`
+    TILE_ROWS: tl.constexpr,
+    TILE_COLS: tl.constexpr,
+):
+    """Grid: (programs,), fixed at capture from M and the grid cap. The live prefix is cut into
+    TILE_ROWS x TILE_COLS tiles taken round-robin, so every program has work while tiles remain
+    and each thread moves whole 16-byte vectors (TILE_COLS contiguous bf16 per row)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_rows = tl.load(live_rows_ptr)
+    col_tiles = (N_COLS + TILE_COLS - 1) // TILE_COLS
+    n_tiles = tl.cdiv(n_rows, TILE_ROWS) * col_tiles
+    r = tl.arange(0, TILE_ROWS)
+    c = tl.arange(0, TILE_COLS)
+    for t in range(pid, n_tiles, nprog):
+        rows = (t // col_tiles) * TILE_ROWS + r
+        cols = (t % col_tiles) * TILE_COLS + c
+        mask = (rows < n_rows)[:, None] & (cols < N_COLS)[None, :]
+        rows64 = rows.to(tl.int64)
+        src = x_ptr + rows64[:, None] * in_stride + cols[None, :]
+        g = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(src + N_COLS, mask=mask, other=0.0).to(tl.float32)
+        y = g * tl.sigmoid(g) * u
+        tl.store(out_ptr + rows64[:, None] * N_COLS + cols[None, :], y.to(tl.bfloat16), mask=mask)
+
+
 # ----------------------------------------------------------------------------------- launchers
 
 
@@ -411,8 +443,34 @@ def build_shipped(inp: Inputs, params: dict, device) -> Built:
     return _built(inp, capped_blocks(params["rows"], cap), cap, params["num_warps"])
 
 
+def tiled_programs(params: dict, tile_rows: int, tile_cols: int, n_cols: int) -> int:
+    """Programs of the tiled kernel: the tiles the capacity M could hold, capped by grid_cap."""
+    return max(1, min(params["grid_cap"], cdiv(params["rows"], tile_rows) * cdiv(n_cols, tile_cols)))
+
+
+def build_tiled(inp: Inputs, params: dict, device) -> Built:
+    if inp.op != "silu_mul_bounded":
+        raise ValueError(f"the tiled variant implements op silu_mul_bounded only, not {inp.op}")
+    tr, tc, nw = params["tile_rows"], params["tile_cols"], params["num_warps"]
+    grid = tiled_programs(params, tr, tc, inp.n_cols)
+    args = (inp.x, inp.out, inp.live, inp.in_cols)
+    n = inp.n_cols
+
+    def launch():
+        _silu_mul_tiled_kernel[(grid,)](*args, N_COLS=n, TILE_ROWS=tr, TILE_COLS=tc, num_warps=nw)
+
+    def reset():
+        inp.out_buf.view(torch.int16).fill_(_POISON_BITS)
+
+    geometry = {"num_blocks": grid, "grid_cap": params["grid_cap"], "block_n": tc, "tile_rows": tr,
+                "num_warps": nw, "n_cols": n, "in_cols": inp.in_cols}
+    key = ("tiled", n, tr, tc, nw, _int_spec(inp.in_cols))
+    return Built(launch, inp.out, reset, geometry, key)
+
+
 VARIANTS = {
     "capped": build_capped,
     "legacy": build_legacy,
     "shipped": build_shipped,
+    "tiled": build_tiled,
 }
