@@ -154,6 +154,14 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
     else:
         device = _select_backend(interpret)
     timed = time_it and device.backend == "cuda"
+    gpus = None
+    if devices:  # before the ceilings are measured: a bad --devices fails at once
+        from moebench import dist
+
+        if host_only or device.backend != "cuda":
+            raise UsageError(f"--devices: one worker per CUDA device, but this run is on {device.name}"
+                             + (" (a host-only family)" if host_only else "; drop --devices or --interpret"))
+        gpus = dist.parse_devices(devices)
     if time_it and not timed:
         err.print("[yellow]No CUDA device: kernels run under the Triton interpreter on the CPU; "
                   "correctness only, timing columns stay empty.[/yellow]")
@@ -192,12 +200,11 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
                       TimeElapsedColumn(), TextColumn("{task.fields[case]}"), console=err,
                       transient=True, disable=not err.is_terminal and not os.environ.get("MOEBENCH_PROGRESS")) as prog:
             task = prog.add_task(spec.name, total=len(todo), case="")
-            if devices:
+            if gpus:
                 from moebench import dist
 
                 # one worker process per GPU, cases from a shared queue; records come back here
-                source = dist.run_on_devices(spec, todo, dist.parse_devices(devices), quick=quick, verify=verify,
-                                             opts=runner.opts)
+                source = dist.run_on_devices(spec, todo, gpus, quick=quick, verify=verify, opts=runner.opts)
             else:
                 source = _local(runner, todo, lambda c: prog.update(task, case=c.short(vary)))
             for rec in source:
@@ -214,8 +221,14 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
     records.sort(key=lambda r: order.get(r.case_id, 0))
     add_baseline_deltas(spec, records)
     prov["sweep_wall_s"] = round(time.perf_counter() - t_start, 2)  # cases incl. compile + verify
-    prov["compile_s_total"] = round(runner.compile_s_total, 3)
-    prov["jit_specializations"] = len(runner._compiled)
+    if gpus:  # the workers compiled (each its own JIT); this process's runner ran no case
+        fresh = [r.timing["compile_s"] for r in records
+                 if r.case_id not in done and r.timing.get("compile_s") is not None]
+        compile_s, n_jit = sum(fresh), len(fresh)
+    else:
+        compile_s, n_jit = runner.compile_s_total, len(runner._compiled)
+    prov["compile_s_total"] = round(compile_s, 3)
+    prov["jit_specializations"] = n_jit
     md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
     paths = writer.finalize(records, complete=interrupted is None, markdown=md)
     if interrupted is not None:
@@ -228,8 +241,8 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
     out.print(f"[bold]{spec.name}{' verify' if verify else ''}: {line}[/bold]"
               + ("" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"))
     if not host_only:
-        out.print(f"JIT: {len(runner._compiled)} specializations, {runner.compile_s_total:.1f} s compiling "
-                  "(excluded from timings)")
+        out.print(f"JIT: {n_jit} specializations{f' across {len(gpus)} workers' if gpus else ''}, {compile_s:.1f} s "
+                  "compiling (excluded from timings)")
     for r in records:
         if r.status != "ok":
             shown = ", ".join(f"{k}={v}" for k, v in r.params.items() if k in vary and v is not None)

@@ -50,13 +50,15 @@ def parse_shard(text: str | None, env: Mapping[str, str]) -> tuple[int, int] | N
     (SLURM_ARRAY_TASK_ID among SLURM_ARRAY_TASK_COUNT tasks, counted from SLURM_ARRAY_TASK_MIN in
     steps of SLURM_ARRAY_TASK_STEP, so ``--array=1-4`` and ``--array=0-6:2`` work as well as
     ``--array=0-3``); else a task of a multi-task step is one shard (SLURM_PROCID of SLURM_NTASKS).
-    A split into one part is no split: the Slurm variables of a single task give None.
+    A split into one part is no split: ``--shard 0/1`` and the Slurm variables of a single task give
+    None, so ``--shard 0/1`` runs the whole sweep inside an array job that is not meant to split it.
     """
     if text is not None:
         m = SHARD_RE.fullmatch(text)
         if not m or not int(m.group(1)) < int(m.group(2)):
             raise UsageError(f"--shard: expected I/N with 0 <= I < N, got {text!r}")
-        return int(m.group(1)), int(m.group(2))
+        i, n = int(m.group(1)), int(m.group(2))
+        return (i, n) if n > 1 else None
     if env.get("SLURM_ARRAY_TASK_ID", "").strip():
         return _array_shard(env)
     if env.get("SLURM_PROCID", "").strip() and env.get("SLURM_NTASKS", "").strip():
@@ -248,6 +250,7 @@ class _Worker:
     stopped: bool = False  # was sent the stop message
     gone: bool = False  # exited (joined)
     fatal: str | None = None  # why it could not start
+    leaving: str | None = None  # why it left early (a CUDA error that poisons its context)
     done: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -255,15 +258,16 @@ class _Worker:
 def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Sequence[str], interpret: bool, *,
                  opts: "RunOptions", sweep: str | None = None, spec_sha256: str | None = None,
                  labels: Sequence[str] | None = None,
-                 _die_on: Mapping[str, int] | None = None) -> Iterator["Record"]:
+                 _die_on: Mapping[str, int | str] | None = None) -> Iterator["Record"]:
     """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
 
     One spawned process per key: a CUDA_VISIBLE_DEVICES value (interpret=False) or just a name
     (interpret=True: the kernels run under TRITON_INTERPRET=1, device info from detect(True)).
     Each worker has its own pipe to this process and asks for work over it, so the parent always
     knows which case a worker holds, and a worker killed at any moment cannot leave a shared queue
-    locked for the others. `_die_on` maps case id -> exit code, for tests: the worker that draws
-    that case exits with that code (a negative code: killed by that signal) instead of running it.
+    locked for the others. `_die_on` is for tests: case id -> exit code makes the worker that draws
+    that case exit with that code (a negative code: killed by that signal) instead of running it;
+    case id -> text makes it record that error instead (a CUDA error text: it leaves, as on a GPU).
     """
     import multiprocessing as mp
     from multiprocessing.connection import wait
@@ -312,6 +316,8 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
         elif kind == "record":
             rec = Record.from_json(msg[1])
             w.held, w.done = None, w.done + 1
+            if msg[2]:  # it leaves after this case: hand it nothing more
+                w.leaving, w.stopped = msg[2], True
             dispatch(w)  # keep it busy while the caller writes the record
             yield rec
         elif kind == "fatal":
@@ -364,9 +370,13 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
                 if w.held is not None:
                     yield dead_record(w.held, f"worker on {w.label} died ({_exit_text(code)})")
                     w.held = None
+                elif w.leaving is not None:
+                    print(f"warning: worker on {w.label} left after {_cases(w.done)}: {w.leaving}; the other "
+                          "workers take its share", file=sys.stderr)
                 elif w.fatal is not None or (code != 0 and not w.stopped):
                     why = w.fatal or _exit_text(code)
-                    print(f"warning: worker on {w.label} stopped before running a case: {why}", file=sys.stderr)
+                    when = "before running a case" if not w.done else f"after {_cases(w.done)}"
+                    print(f"warning: worker on {w.label} stopped {when}: {why}", file=sys.stderr)
             # a worker that never got to say "ready" cannot be handed work, so all gone = all done
         if pending:
             if not any(w.started for w in workers):
@@ -378,6 +388,10 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
                 yield dead_record(pending.popleft(), why)
     finally:
         _shut_down(workers)
+
+
+def _cases(k: int) -> str:
+    return f"{k} case{'s' if k != 1 else ''}"
 
 
 def _exit_text(code: int | None) -> str:
@@ -392,17 +406,9 @@ def _exit_text(code: int | None) -> str:
 
 
 def _shut_down(workers: Iterable[_Worker]) -> None:
-    """Stop what is still running: a polite stop message, a short wait, then SIGTERM, then SIGKILL."""
+    """Stop the workers still running (the pool was closed early: an interrupt, an error). Their
+    cases in flight would never be read, so there is nothing to wait for: SIGTERM, then SIGKILL."""
     live = [w for w in workers if not w.gone]
-    for w in live:
-        if w.conn is not None and not w.stopped:
-            try:
-                w.conn.send(None)
-            except OSError:
-                pass
-    deadline = time.monotonic() + 2.0
-    for w in live:
-        w.proc.join(max(0.0, deadline - time.monotonic()))
     for w in live:
         if w.proc.is_alive():
             w.proc.terminate()
@@ -418,7 +424,7 @@ def _shut_down(workers: Iterable[_Worker]) -> None:
 
 
 def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, payload: bytes, conn,
-                 die_on: dict[str, int]) -> None:
+                 die_on: dict[str, int | str]) -> None:
     """One worker: pin the device, then run the cases the parent hands over until it says stop."""
     # First, before anything imports torch: the device this process may see, or the interpreter.
     if interpret:
@@ -429,6 +435,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
     try:
         cases, opts = pickle.loads(payload)
         from moebench.device import detect
+        from moebench.records import Record
         from moebench.runner import Runner
         from moebench.spec import load_spec
 
@@ -456,17 +463,32 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
             return
         if cid is None:
             break
-        if cid in die_on:  # test hook: die holding this case
-            code = die_on[cid]
-            if code < 0:
-                os.kill(os.getpid(), -code)
-            os._exit(code)
-        rec = runner.run_case(by_id[cid])
+        hook = die_on.get(cid)
+        if isinstance(hook, int):  # test hook: die holding this case
+            if hook < 0:
+                os.kill(os.getpid(), -hook)
+            os._exit(hook)
+        if isinstance(hook, str):  # test hook: this case failed with this error
+            c = by_id[cid]
+            rec = Record(spec.name, c.family, c.id, c.variant, c.label, "error", error=hook, params=dict(c.params))
+        else:
+            rec = runner.run_case(by_id[cid])
+        leaving = None
+        if rec.status == "error" and any(s in rec.error for s in STICKY_CUDA_ERRORS):
+            leaving = f"{rec.error.splitlines()[0]} (sticky: every later launch in this process would fail)"
         try:
-            conn.send(("record", rec.to_json()))
+            conn.send(("record", rec.to_json(), leaving))
         except OSError:
             return
+        if leaving:
+            break
     conn.close()
+
+
+# CUDA errors after which a process's context is unusable: a worker that meets one hands its
+# record back and leaves, so that one faulting case does not fail every later case on its GPU.
+STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
+                      "device-side assert", "illegal instruction")
 
 
 def _pin_nvml_clocks() -> None:

@@ -247,8 +247,9 @@ class Runner:
             return
         nbytes = w.get("bytes")
         if nbytes:
-            # a warm working set that fits in L2 is read against the L2 copy ceiling, else DRAM
-            fits = self.opts.timing.l2 == "warm" and self.device.l2_bytes and nbytes * 2 < self.device.l2_bytes
+            # warm: read against the L2 copy ceiling when the whole rotation fits in L2, else DRAM
+            sets = len(builts)
+            fits = self.opts.timing.l2 == "warm" and self.device.l2_bytes and nbytes * sets <= self.device.l2_bytes
             level = "l2" if fits else "dram"
             bw = c.get(f"copy_{level}_gbps")
             w["gbps"] = round(nbytes / (median_us * 1e-6) / 1e9, 1)
@@ -258,10 +259,20 @@ class Runner:
                 w["x_floor"] = round(median_us / w["floor_us"], 2) if w["floor_us"] > 0 else None
                 if level == "l2" and c.get("copy_dram_gbps"):
                     w["dram_floor_us"] = round(nbytes / (c["copy_dram_gbps"] * 1e9) * 1e6, 4)
+                if w["x_floor"] is not None and w["x_floor"] < 1:
+                    w["floor_note"] = (f"below the {level.upper()} copy floor: {nbytes * sets / 2**20:.0f} MiB "
+                                       f"touched per rotation vs {self.device.l2_bytes / 2**20:.0f} MiB L2, so part "
+                                       "of it stays L2-resident across warm replays")
         empty = c.get("empty_sms_us") if w.get("ctas", 1) > 1 else c.get("empty_us")
         if empty:
             w["empty_us"] = round(empty, 4)
             w["x_empty"] = round(median_us / empty, 2)
+            w["over_empty_us"] = round(median_us - empty, 4)
+            if w.get("floor_us"):
+                # a launch cannot beat its own empty launch: the floor a small kernel can reach
+                # is an empty kernel plus its bytes at the copy ceiling
+                w["floor_plus_empty_us"] = round(w["floor_us"] + empty, 4)
+                w["x_floor_plus_empty"] = round(median_us / w["floor_plus_empty_us"], 2)
 
     def _cross(self, rec: Record, builts: list) -> None:
         if not self.opts.cross:

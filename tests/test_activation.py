@@ -302,15 +302,17 @@ def test_quick_sweep_runs_clean():
     assert all(r.checks["rows_written"] == 12 for r in recs)
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("live", [0, 5, 37])
 @pytest.mark.parametrize("tile_rows,tile_cols,cap", [(1, 32, 4), (4, 64, 512), (8, 16, 3)])
-def test_tiled_variant_bit_exact_with_legacy(live, tile_rows, tile_cols, cap):
+def test_tiled_variant_bit_exact_with_legacy(live, tile_rows, tile_cols, cap, prefetch):
     from moebench.device import detect
     from moebench.kernels import activation as A
 
     dev = detect(True)
     p = {"op": "silu_mul_bounded", "rows": 40, "live_rows": live, "ffn": 96, "in_cols": 0, "pad_frac": 0.25,
-         "seed": 5, "grid_cap": cap, "num_warps": 4, "tile_rows": tile_rows, "tile_cols": tile_cols}
+         "seed": 5, "grid_cap": cap, "num_warps": 4, "tile_rows": tile_rows, "tile_cols": tile_cols,
+         "prefetch": prefetch}
     inp = A.build_inputs(p, "cpu")
     legacy = A.build_legacy(inp, p, dev)
     legacy.reset()

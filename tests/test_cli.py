@@ -191,3 +191,8 @@ def test_interrupt_saves_completed_records_then_resume_finishes(tmp_path, sig, c
     ids = [r["case_id"] for r in doc["records"]]
     assert len(ids) == 40 == len(set(ids)) and done <= set(ids)
     assert doc["provenance"]["complete"] is True
+
+
+def test_devices_refused_without_cuda(tmp_path, capsys):
+    code, _, err = run_cli(["sweep", "count-block", "--quick", "--devices", "all", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--devices: one worker per CUDA device" in err

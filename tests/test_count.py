@@ -120,5 +120,6 @@ def test_new_variants_exact_for_uneven_local_expert_counts(local):
     expected = count.reference(inp, p)
     assert int(expected.sum()) > 0
     for builder in (count.build_prefetch, count.build_privatized, count.build_persistent):
-        _, out = run(builder, inp, p)
-        assert count.check(inp, out, expected, p).ok, builder.__name__
+        for pre in (0, 1):
+            _, out = run(builder, inp, {**p, "prefetch": pre})
+            assert count.check(inp, out, expected, p).ok, builder.__name__

@@ -56,7 +56,8 @@ def run_cli(args, capsys):
 def test_shard_flag():
     assert dist.parse_shard("0/2", {}) == (0, 2)
     assert dist.parse_shard(" 3 / 4 ", {}) == (3, 4)
-    assert dist.parse_shard("0/1", {}) == (0, 1)  # asked for explicitly: kept
+    # one part is no split: the way to run a whole sweep inside an array job
+    assert dist.parse_shard("0/1", {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}) is None
     # the flag wins over the environment
     assert dist.parse_shard("1/3", {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}) == (1, 3)
 
@@ -296,6 +297,20 @@ def test_a_dying_worker_costs_its_case_only(tiny):
     for r in recs:  # the survivor drained the rest of the queue
         if r.case_id != victim:
             assert r.status == "ok" and _same(r, single[r.case_id])
+
+
+def test_a_worker_leaves_after_a_sticky_cuda_error(tiny, capsys):
+    """After an illegal memory access every later launch in that process fails: the worker hands the
+    record back and leaves, and the other worker runs the rest."""
+    spec, cases, opts, single = tiny
+    fault = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    recs = list(dist._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, _die_on={cases[0].id: fault}))
+    assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
+    by = {r.case_id: r for r in recs}
+    assert by[cases[0].id].status == "error" and by[cases[0].id].error == fault
+    assert all(by[c.id].status == "ok" and _same(by[c.id], single[c.id]) for c in cases[1:])
+    err = capsys.readouterr().err
+    assert "left after 1 case: RuntimeError: CUDA error: an illegal memory access" in err
 
 
 def test_closing_the_pool_stops_its_workers(tiny):

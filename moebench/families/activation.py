@@ -52,6 +52,8 @@ FAMILY = FamilySpec(
                   help="tiled variant: rows per tile"),
             Param("tile_cols", int, default=256, role="launch", pow2=True, min=16, max=4096,
                   help="tiled variant: columns per tile (contiguous bf16: 8 per 16-byte vector)"),
+            Param("prefetch", int, default=0, role="launch", choices=(0, 1),
+                  help="tiled variant: 1 = load the first tile against M alongside the live-row load"),
         )
     },
     variants={
@@ -65,7 +67,7 @@ FAMILY = FamilySpec(
                         ("num_warps",)),
             VariantSpec("tiled", "silu_mul_bounded over TILE_ROWS x TILE_COLS tiles of the live prefix, "
                         "round-robin over min(grid_cap, tiles at capacity) programs",
-                        ("grid_cap", "num_warps", "tile_rows", "tile_cols")),
+                        ("grid_cap", "num_warps", "tile_rows", "tile_cols", "prefetch")),
         )
     },
     rules=(

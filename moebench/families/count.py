@@ -25,6 +25,8 @@ FAMILY = FamilySpec(
                   help="warps per program"),
             Param("grid", int, default=0, role="launch", min=0,
                   help="persistent grid; 0 = the device's SM count"),
+            Param("prefetch", int, default=0, role="launch", choices=(0, 1),
+                  help="privatized: 1 = load the first chunk alongside the valid count"),
         )
     },
     variants={
@@ -39,7 +41,7 @@ FAMILY = FamilySpec(
             VariantSpec("prefetch", "persistent; the first chunk is loaded alongside the valid count, "
                         "so the two latencies overlap", ("block_size", "num_warps", "grid")),
             VariantSpec("privatized", "persistent; a per-program register histogram flushed once "
-                        "(<= L atomics per program)", ("block_size", "num_warps", "grid")),
+                        "(<= L atomics per program)", ("block_size", "num_warps", "grid", "prefetch")),
         )
     },
     rules=(

@@ -159,21 +159,41 @@ def _silu_mul_tiled_kernel(
     out_ptr,  # (M, N) bf16; rows >= V are left untouched
     live_rows_ptr,  # (1,) int32 V, read on device (graph-safe)
     in_stride,  # W = 2N
+    cap_rows,  # M: bounds the speculative first tile
     N_COLS: tl.constexpr,  # N: a constexpr, so `up` sits at a known, aligned offset from `gate`
     TILE_ROWS: tl.constexpr,
     TILE_COLS: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the first tile against M, alongside the live-row load
 ):
     """Grid: (programs,), fixed at capture from M and the grid cap. The live prefix is cut into
     TILE_ROWS x TILE_COLS tiles taken round-robin, so every program has work while tiles remain
     and each thread moves whole 16-byte vectors (TILE_COLS contiguous bf16 per row)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    n_rows = tl.load(live_rows_ptr)
     col_tiles = (N_COLS + TILE_COLS - 1) // TILE_COLS
-    n_tiles = tl.cdiv(n_rows, TILE_ROWS) * col_tiles
     r = tl.arange(0, TILE_ROWS)
     c = tl.arange(0, TILE_COLS)
-    for t in range(pid, n_tiles, nprog):
+    first = pid
+    if PREFETCH:
+        # the first tile is read against the capacity M, so its load does not wait for the
+        # live-row load; only the store is bounded by the live rows. Rows past V are read (they
+        # are allocated) but never written.
+        rows = (pid // col_tiles) * TILE_ROWS + r
+        cols = (pid % col_tiles) * TILE_COLS + c
+        rows64 = rows.to(tl.int64)
+        src = x_ptr + rows64[:, None] * in_stride + cols[None, :]
+        cap_mask = (rows < cap_rows)[:, None] & (cols < N_COLS)[None, :]
+        g = tl.load(src, mask=cap_mask, other=0.0).to(tl.float32)
+        u = tl.load(src + N_COLS, mask=cap_mask, other=0.0).to(tl.float32)
+        n_rows = tl.load(live_rows_ptr)
+        y = g * tl.sigmoid(g) * u
+        mask = (rows < n_rows)[:, None] & (cols < N_COLS)[None, :]
+        tl.store(out_ptr + rows64[:, None] * N_COLS + cols[None, :], y.to(tl.bfloat16), mask=mask)
+        first = pid + nprog
+    else:
+        n_rows = tl.load(live_rows_ptr)
+    n_tiles = tl.cdiv(n_rows, TILE_ROWS) * col_tiles
+    for t in range(first, n_tiles, nprog):
         rows = (t // col_tiles) * TILE_ROWS + r
         cols = (t % col_tiles) * TILE_COLS + c
         mask = (rows < n_rows)[:, None] & (cols < N_COLS)[None, :]
@@ -452,19 +472,20 @@ def build_tiled(inp: Inputs, params: dict, device) -> Built:
     if inp.op != "silu_mul_bounded":
         raise ValueError(f"the tiled variant implements op silu_mul_bounded only, not {inp.op}")
     tr, tc, nw = params["tile_rows"], params["tile_cols"], params["num_warps"]
+    pre = bool(params.get("prefetch") or 0)
     grid = tiled_programs(params, tr, tc, inp.n_cols)
-    args = (inp.x, inp.out, inp.live, inp.in_cols)
+    args = (inp.x, inp.out, inp.live, inp.in_cols, inp.rows)
     n = inp.n_cols
 
     def launch():
-        _silu_mul_tiled_kernel[(grid,)](*args, N_COLS=n, TILE_ROWS=tr, TILE_COLS=tc, num_warps=nw)
+        _silu_mul_tiled_kernel[(grid,)](*args, N_COLS=n, TILE_ROWS=tr, TILE_COLS=tc, PREFETCH=pre, num_warps=nw)
 
     def reset():
         inp.out_buf.view(torch.int16).fill_(_POISON_BITS)
 
     geometry = {"num_blocks": grid, "grid_cap": params["grid_cap"], "block_n": tc, "tile_rows": tr,
-                "num_warps": nw, "n_cols": n, "in_cols": inp.in_cols}
-    key = ("tiled", n, tr, tc, nw, _int_spec(inp.in_cols))
+                "num_warps": nw, "prefetch": int(pre), "n_cols": n, "in_cols": inp.in_cols}
+    key = ("tiled", n, tr, tc, nw, pre, _int_spec(inp.in_cols), _int_spec(inp.rows))
     return Built(launch, inp.out, reset, geometry, key)
 
 
@@ -474,3 +495,49 @@ VARIANTS = {
     "shipped": build_shipped,
     "tiled": build_tiled,
 }
+
+
+# ----------------------------------------------------------------------------------- results page
+
+# The seed's decode shape: 256 tokens x top-8 = 2048 live rows.
+_DECODE_LIVE_ROWS = 2048
+_SEED_CAP = 8192
+
+
+def markdown_sections(records) -> str:
+    """Which geometry wins at each shape, and whether the seed's claim (cap 8192 beats the legacy
+    min(M, 512) grid at decode) holds on the device these records were timed on."""
+    timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
+    if not timed:
+        return "## Which grid wins\n\nNo timings in this run (correctness only), so no verdict on the grid."
+    shapes: dict[tuple, list] = {}
+    for r in timed:
+        shapes.setdefault((r.params["op"], r.params["rows"], r.params["live_rows"]), []).append(r)
+    lines = ["## Which grid wins", "",
+             "| op | rows M | live rows | best | best µs | legacy µs | cap 8192 µs | cap 8192 vs legacy |",
+             "|---|---|---|---|---|---|---|---|"]
+    verdicts = []
+    for (op, m, live), rs in sorted(shapes.items()):
+        best = min(rs, key=lambda r: r.timing["median_us"])
+        leg = next((r for r in rs if r.variant == "legacy"), None)
+        seed = next((r for r in rs if r.variant in ("capped", "shipped") and r.launch.get("grid_cap") == _SEED_CAP),
+                    None)
+        name = best.label + (f", cap {best.params['grid_cap']}" if best.variant == "capped" and
+                             str(best.params["grid_cap"]) not in best.label else "")
+        ratio = ""
+        if leg and seed:
+            x = seed.timing["median_us"] / leg.timing["median_us"]
+            ratio = f"{x:.2f}× ({'faster' if x < 1 else 'slower'})"
+            if live == _DECODE_LIVE_ROWS:
+                holds = x < 1
+                verdicts.append(
+                    f"- At the decode shape ({op}, M = {m}, {live} live rows) cap {_SEED_CAP} takes "
+                    f"{seed.timing['median_us']:.2f} µs against {leg.timing['median_us']:.2f} µs for min(M, 512): "
+                    f"the GB200 finding (cap 8192 beats 512 at decode) **{'holds' if holds else 'does not hold'}** "
+                    f"on this device. The fastest geometry there is {name} at {best.timing['median_us']:.2f} µs.")
+        lines.append(f"| {op} | {m} | {live} | {name} | {best.timing['median_us']:.2f} | "
+                     f"{leg.timing['median_us']:.2f} | " if leg else f"| {op} | {m} | {live} | {name} | "
+                     f"{best.timing['median_us']:.2f} | — | ")
+        lines[-1] += (f"{seed.timing['median_us']:.2f} | {ratio} |" if seed else "— | — |")
+    return "\n".join(lines + [""] + (verdicts or ["- No decode-shape (2048 live rows) pair of cap 8192 and legacy "
+                                                   "in this run: no verdict on the seed's claim."]))

@@ -109,19 +109,31 @@ def _count_local_tokens_privatized_kernel(
     counts_ptr,  # (L,) int32
     local_start,
     num_local,
+    cap_pairs,  # T * K: bounds the speculative first load
     TOPK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     LOCAL_POW2: tl.constexpr,  # next_pow2(L): the register histogram's width
+    PREFETCH: tl.constexpr,  # issue the first chunk's load alongside the valid-count load
 ):
     """Grid: (programs,), as the persistent kernel. Each program keeps a private histogram of the
     local experts in registers across its chunks (a one-hot compare-and-sum per chunk) and
     flushes it once: at most L atomics per program instead of one per routed pair."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    n_pairs = tl.load(valid_tokens_ptr) * TOPK
     bins = tl.arange(0, LOCAL_POW2)
     hist = tl.zeros([LOCAL_POW2], dtype=tl.int32)
-    for start in range(pid * BLOCK_SIZE, n_pairs, nprog * BLOCK_SIZE):
+    first = pid * BLOCK_SIZE
+    if PREFETCH:
+        offs = first + tl.arange(0, BLOCK_SIZE)
+        expert = tl.load(routing_map_ptr + offs, mask=offs < cap_pairs, other=-1)
+        n_pairs = tl.load(valid_tokens_ptr) * TOPK
+        local = expert - local_start
+        onehot = (local[:, None] == bins[None, :]) & (offs < n_pairs)[:, None]
+        hist += tl.sum(onehot.to(tl.int32), axis=0)
+        first += nprog * BLOCK_SIZE
+    else:
+        n_pairs = tl.load(valid_tokens_ptr) * TOPK
+    for start in range(first, n_pairs, nprog * BLOCK_SIZE):
         offs = start + tl.arange(0, BLOCK_SIZE)
         in_range = offs < n_pairs
         expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
@@ -211,13 +223,16 @@ def count_local_tokens_prefetch(inp: Inputs, params: dict, grid: int, block_size
     return launch
 
 
-def count_local_tokens_privatized(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
-    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"])
+def count_local_tokens_privatized(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int,
+                                  prefetch: bool = False):
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"],
+            params["buffer_tokens"] * params["topk"])
     local_pow2 = next_pow2(params["local_experts"])
 
     def launch():
         _count_local_tokens_privatized_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
-                                                       LOCAL_POW2=local_pow2, num_warps=num_warps)
+                                                       LOCAL_POW2=local_pow2, PREFETCH=prefetch,
+                                                       num_warps=num_warps)
 
     return launch
 
@@ -309,9 +324,10 @@ def build_prefetch(inp: Inputs, params: dict, device) -> Built:
 def build_privatized(inp: Inputs, params: dict, device) -> Built:
     grid = params["grid"] or device.sm_count
     nw, block = params["num_warps"], params["block_size"]
-    launch = count_local_tokens_privatized(inp, params, grid, block, nw)
-    return _built(inp, launch, {"grid": grid, "block_size": block, "num_warps": nw},
-                  f"privatized{next_pow2(params['local_experts'])}", params)
+    pre = bool(params.get("prefetch") or 0)
+    launch = count_local_tokens_privatized(inp, params, grid, block, nw, pre)
+    return _built(inp, launch, {"grid": grid, "block_size": block, "num_warps": nw, "prefetch": int(pre)},
+                  f"privatized{next_pow2(params['local_experts'])}{'-prefetch' if pre else ''}", params)
 
 
 VARIANTS = {
