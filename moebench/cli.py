@@ -217,6 +217,12 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
         for s, h in old.items():
             signal.signal(s, h)
 
+    if interrupted is None and not gpus:
+        try:
+            with err.status("Profiler pass (CUPTI kernel times)..."):
+                runner.profile_pass(cases, records)
+        except KeyboardInterrupt as e:
+            interrupted = getattr(e, "signum", signal.SIGINT)
     order = {c.id: i for i, c in enumerate(cases)}
     records.sort(key=lambda r: order.get(r.case_id, 0))
     add_baseline_deltas(spec, records)
