@@ -9,7 +9,7 @@ SMOKE   ?= $(VENV)/smoke-results
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install test unit smoke h200 timer-report clean
+.PHONY: install test unit smoke h200 clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,11 @@ smoke: install
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
 
 test: unit smoke
+
+# GPU only, a benchmark, not a test: every result under results/h200/ (TIMER.md included) from one
+# device session; copy $(OUT)/A/h200/* into results/h200/ afterwards.
+h200:
+	bash scripts/h200.sh $(or $(OUT),h200-run)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -387,6 +387,27 @@ def show(
 
 
 @app.command()
+def render(results: Path = typer.Argument(..., help="A results .json file; its .md is written beside it.")):
+    """Re-render a results file's markdown page with this version's report code (no re-run)."""
+    from moebench.records import atomic_write_text, load_results
+    from moebench.report import sweep_markdown
+    from moebench.spec import load_spec
+
+    prov, records = load_results(results)
+    if not records or "sweep" not in prov:
+        raise UsageError(f"{results}: no records or no provenance to render")
+    spec = load_spec(prov["sweep"])
+    if spec.sha256 != prov.get("spec_sha256"):
+        err.print(f"note: sweeps/{prov['sweep']}.yaml changed since {results} was written; "
+                  "its description and pivot are today's")
+    timed = any(r.timing.get("median_us") is not None for r in records)
+    md = sweep_markdown(spec, records, prov, metric=None if timed or spec.family.host_only else "ref_check")
+    dest = results.with_suffix(".md")
+    atomic_write_text(dest, md)
+    out.print(f"Wrote {dest}")
+
+
+@app.command()
 def device(
     out_dir: Path = typer.Option(Path("results"), "--out", help="Where the ceilings cache lives."),
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure again even if cached."),

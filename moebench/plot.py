@@ -77,6 +77,12 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
                          f"family {fam!r}")
     notes: list[str] = []
     others = [k for k in varying_keys(records) if k not in (p.x, p.series)]
+    if p.series == "label":  # a parameter each variant entry fixes is already named by its label
+        per_label: dict = {}
+        for r in records:
+            for k in others:
+                per_label.setdefault((r.label, k), set()).add(repr(r.params.get(k)))
+        others = [k for k in others if any(len(v) > 1 for (lab, kk), v in per_label.items() if kk == k)]
     lines = _lines(records, p, others, metric, notes)
     ref_lines = _lines(reference.records, p, [], metric, []) if reference is not None else {}
     if not lines and not ref_lines:
