@@ -11,24 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from moebench import cli
+from clirun import run_cli
 from moebench.kernels import count
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_cli(args, capsys):
-    old = sys.argv
-    sys.argv = ["moebench", *args]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = old
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 def write_spec(tmp_path: Path, body: str) -> Path:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clirun import run_cli
 from moebench import cli, dist
 from moebench.cases import Case, expand
 from moebench.errors import BackendError, UsageError
@@ -27,27 +28,6 @@ def _no_slurm(monkeypatch):
     for k in list(os.environ):
         if k.startswith("SLURM_"):
             monkeypatch.delenv(k)
-
-
-def run_cli(args, capsys):
-    """`moebench ARGS` in process. COLUMNS is pinned wide: rich wraps at the console width (80 in a
-    pipe), and the one-line messages here should read as one line."""
-    old, cols = sys.argv, os.environ.get("COLUMNS")
-    sys.argv = ["moebench", *args]
-    os.environ["COLUMNS"] = "2000"
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = old
-        if cols is None:
-            os.environ.pop("COLUMNS", None)
-        else:
-            os.environ["COLUMNS"] = cols
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 # ============================================================================ parse_shard
