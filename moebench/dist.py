@@ -315,6 +315,7 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
             dispatch(w)
         elif kind == "record":
             rec = Record.from_json(msg[1])
+            rec.timing["worker"] = w.label  # which GPU timed it: per-GPU spreads stay traceable
             w.held, w.done = None, w.done + 1
             if msg[2]:  # it leaves after this case: hand it nothing more
                 w.leaving, w.stopped = msg[2], True

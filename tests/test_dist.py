@@ -264,6 +264,7 @@ def test_two_workers_match_a_single_process_run(tiny):
         assert _same(r, single[r.case_id])
         assert r.timing.get("median_us") is None  # no timings on the CPU
         assert r.sweep == "tiny" and r.checks["ref_check"] == "exact"
+    assert {r.timing["worker"] for r in recs} <= {"CPU w0", "CPU w1"}  # each record names its worker
 
 
 def test_a_dying_worker_costs_its_case_only(tiny):
