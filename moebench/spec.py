@@ -62,6 +62,7 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "cold_l2_multiple": (float, 1.0, 100.0),
     "clock_drop": (float, 0.0, 1.0),
     "placements": (int, 1, 64),
+    "clock_retries": (int, 0, 5),
 }
 L2_MODES = ("warm", "cold")
 # the keys a matrix may have at each level (the top level is checked against TOP_KEYS)
@@ -82,6 +83,7 @@ class Timing:
     cold_l2_multiple: float = 3.0
     clock_drop: float = 0.9  # flag a case whose SM clock ended below this fraction of max
     placements: int = 8  # warm L2: independently allocated input/output sets rotated per graph
+    clock_retries: int = 0  # re-time a case whose clock fell below clock_drop, after a 1 s pause
 
 
 @dataclass

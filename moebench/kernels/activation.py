@@ -539,5 +539,36 @@ def markdown_sections(records) -> str:
                      f"{leg.timing['median_us']:.2f} | " if leg else f"| {op} | {m} | {live} | {name} | "
                      f"{best.timing['median_us']:.2f} | — | ")
         lines[-1] += (f"{seed.timing['median_us']:.2f} | {ratio} |" if seed else "— | — |")
-    return "\n".join(lines + [""] + (verdicts or ["- No decode-shape (2048 live rows) pair of cap 8192 and legacy "
-                                                   "in this run: no verdict on the seed's claim."]))
+    lines += [""] + (verdicts or ["- No decode-shape (2048 live rows) pair of cap 8192 and legacy in this run: "
+                                  "no verdict on the seed's claim."])
+    return "\n".join(lines + ["", floors_and_occupancy(timed)])
+
+
+def floors_and_occupancy(timed) -> str:
+    """Every timed row against its floors, with the launch's occupancy: the columns the seed
+    argues from (bytes moved, floor, x floor, CTAs with work, % of the thread slots)."""
+    out = ["## Floors and occupancy", "",
+           "floor = bytes / copy ceiling (L2 when the rotation fits in L2, else DRAM); +empty = floor plus an "
+           "empty launch; occupancy = CTAs x threads over SMs x max threads per SM.", "",
+           "| variant | M | live | µs | MB moved | GB/s | floor µs (level) | × floor | × (floor+empty) | "
+           "CTAs | with work | threads/CTA | occupancy % | waves | Δ vs baseline µs | per step µs |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in timed:
+        w = r.work
+        label = r.label + (f" cap {r.params['grid_cap']}" if r.variant == "capped" and
+                           str(r.params.get("grid_cap")) not in r.label else "")
+        note = " ¹" if w.get("floor_note") else ""
+        out.append(
+            f"| {label} | {r.params['rows']} | {r.params['live_rows']} | {r.timing['median_us']:.2f} | "
+            f"{w.get('bytes', 0) / 1e6:.2f} | {w.get('gbps', 0):,.0f} | {_num(w.get('floor_us'))} "
+            f"({w.get('floor_level', '—')}) | {_num(w.get('x_floor'))}{note} | {_num(w.get('x_floor_plus_empty'))} | "
+            f"{w.get('ctas')} | {w.get('ctas_with_work')} | {w.get('threads_per_cta')} | {w.get('occupancy_pct')} | "
+            f"{w.get('waves')} | {_num(w.get('delta_us'), '+.2f')} | {_num(w.get('per_step_delta_us'), '+.1f')} |")
+    notes = sorted({r.work["floor_note"] for r in timed if r.work.get("floor_note")})
+    if notes:
+        out += ["", "¹ " + "; ".join(notes)]
+    return "\n".join(out)
+
+
+def _num(v, spec: str = ".2f") -> str:
+    return "—" if v is None else format(v, spec)
