@@ -217,7 +217,7 @@ def _run(spec_name: str, *, quick: bool, verify: bool, out_dir: Path, dry_run: b
         for s, h in old.items():
             signal.signal(s, h)
 
-    if interrupted is None and not gpus:
+    if interrupted is None and not gpus and "profiler" in cross and timed:
         try:
             with err.status("Profiler pass (CUPTI kernel times)..."):
                 runner.profile_pass(cases, records)
