@@ -25,3 +25,19 @@ def run_cli(args, capsys):
             os.environ["COLUMNS"] = cols
     cap = capsys.readouterr()
     return code, cap.out, cap.err
+
+
+def small_count_spec(name: str) -> str:
+    """A 12-case count sweep (two variants x two blocks x three valid counts) that runs in seconds
+    under the interpreter."""
+    return f"""
+name: {name}
+family: count
+model: qwen3-30b-a3b
+variants: [persistent, nonpersistent]
+baseline: {{variant: persistent, block_size: 1024}}
+axes:
+  block_size: [64, 256]
+  tokens: [0, 5, 40]
+fixed: {{buffer_tokens: 64}}
+"""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import run_cli
+from clirun import run_cli, small_count_spec
 from moebench.kernels import count
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,17 +23,7 @@ def write_spec(tmp_path: Path, body: str) -> Path:
     return p
 
 
-SMALL = """
-name: small
-family: count
-model: qwen3-30b-a3b
-variants: [persistent, nonpersistent]
-baseline: {variant: persistent, block_size: 1024}
-axes:
-  block_size: [64, 256]
-  tokens: [0, 5, 40]
-fixed: {buffer_tokens: 64}
-"""
+SMALL = small_count_spec("small")
 
 
 def test_quick_sweep_writes_results_with_provenance(tmp_path, capsys):

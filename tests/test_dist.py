@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clirun import run_cli
+from clirun import run_cli, small_count_spec
 from moebench import cli, dist
 from moebench.cases import Case, expand
 from moebench.errors import BackendError, UsageError
@@ -221,17 +221,7 @@ def test_run_on_devices_pins_the_physical_gpu(monkeypatch):
 
 # ============================================================================ the worker pool, on the CPU
 
-TINY = """
-name: tiny
-family: count
-model: qwen3-30b-a3b
-variants: [persistent, nonpersistent]
-baseline: {variant: persistent, block_size: 1024}
-axes:
-  block_size: [64, 256]
-  tokens: [0, 5, 40]
-fixed: {buffer_tokens: 64}
-"""
+TINY = small_count_spec("tiny")
 
 
 @pytest.fixture(scope="module")
