@@ -1,6 +1,19 @@
-"""Errors a user can fix. The CLI prints them as one line and exits with `exit_code`."""
+"""Errors a user can fix, and the exit codes. The CLI prints an error as one line and exits with
+its `exit_code`."""
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What `moebench` returns. Interrupted runs return 128 + the signal (130 SIGINT, 143 SIGTERM)."""
+
+    OK = 0
+    CASE_FAILED = 1  # a case failed verification or raised; the table marks it
+    USAGE = 2  # bad input: a spec, an option, a results file (one line names it)
+    INTERNAL = 3  # a bug in moebench (run with -v for the traceback)
+    INTERRUPTED = 128  # + signal number
 
 
 def one_line(text: str) -> str:
@@ -13,7 +26,7 @@ def one_line(text: str) -> str:
 class MoebenchError(Exception):
     """Base class: a message meant for the user, no traceback needed."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class SpecError(MoebenchError):
@@ -41,5 +54,11 @@ class Interrupted(MoebenchError):
 
     def __init__(self, signum: int, message: str):
         self.signum = signum
-        self.exit_code = 128 + signum
+        self.exit_code = ExitCode.INTERRUPTED + signum
         super().__init__(message)
+
+
+class Unavailable(Exception):
+    """A variant's kernel source is missing here (an upstream kernel that is not installed, a
+    plugin's dependency): its cases are recorded as `unavailable` with this message, which says
+    what to install or point at. Not a failure: the sweep goes on and exits 0."""

@@ -21,6 +21,6 @@ mb ab count-block --off block_size=1024 --on block_size=128 --arms 4 --iters 5 -
 mb sweep act-grid --out "$OUT/C" --l2 cold
 mb verify count-block --out "$OUT/A"
 mb verify act-grid --out "$OUT/A"
-python3 -m moebench.timer_report "$OUT/A" "$OUT/B" --sweeps count-block,act-grid -o "$OUT/A/h200/TIMER.md" \
+python3 -m moebench.analysis.timer_report "$OUT/A" "$OUT/B" --sweeps count-block,act-grid -o "$OUT/A/h200/TIMER.md" \
   --header "Produced by scripts/h200.sh: run A = sweeps with --cross-check dobench,profiler; run B = the same sweeps again, back to back, in a new process."
 python3 scripts/timer_study.py "$OUT/A/h200"

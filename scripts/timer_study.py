@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from moebench.device import detect
-from moebench.kernels import count
-from moebench.stats import noise_below, summarize
-from moebench.timing import dobench_cudagraph_us, time_graph
+from moebench.core.device import detect
+from moebench.core.stats import noise_below, summarize
+from moebench.families import get_family
+from moebench.families.count import kernels as count
+from moebench.core.timing import dobench_cudagraph_us, time_graph
 
 
 def main(out: Path) -> None:
@@ -29,7 +30,9 @@ def main(out: Path) -> None:
     for block in (128, 1024):
         p = {**base, "block_size": block}
         sets = [count.build_inputs(p, "cuda", i) for i in range(16)]
-        builts = [count.build_persistent(s, p, dev) for s in sets]
+        fam = get_family("count")
+        q, _ = fam.resolve("persistent", p, dev, {})
+        builts = [fam.builder("persistent")(s, q, dev) for s in sets]
         per_set = [summarize(time_graph([b.launch], stop=noise_below(0.003)).per_launch_us).median_us for b in builts]
         rotated = summarize(time_graph([b.launch for b in builts[:8]], stop=noise_below(0.003)).per_launch_us).median_us
         single = builts[0].launch

@@ -1,21 +1,42 @@
-"""The catalogue of kernel families: their parameters and variant names.
+"""Kernel families: what a family declares, the registry, and the contract with the session.
 
-This package is torch-free on purpose: `moebench validate` and the spec loader check a sweep
-against it on any machine. The kernels themselves live in `moebench.kernels.<family>` and are
-imported only when a sweep runs (`load_impl`).
+A family is one folder, ``moebench/families/<name>/``:
 
-A *parameter* is either a shape parameter (``role="shape"``: it decides the inputs; variants that
-share the shape parameters see the same inputs and must agree) or a launch parameter
-(``role="launch"``: block size, grid cap, warps; it only changes how the same work is launched).
+- ``__init__.py`` (torch-free): ``FAMILY = FamilySpec(...)``: its parameters, cross-parameter
+  rules, default pivot, plot preset, sharding cost estimate and the markdown sections of its
+  results page (which read records only).
+- ``kernels.py``: Triton kernels -> launchers -> torch reference -> input builder -> variants.
+  A variant is declared once, by ``@FAMILY.variant(...)`` on its builder.
+
+The torch-free side knows every variant's name, doc and parameters without importing torch: it
+reads the ``@FAMILY.variant(...)`` decorators of ``kernels.py`` from the source text. Importing
+``kernels.py`` (when a sweep runs) attaches the builders; a declaration the source text and the
+running module disagree on is an error, and a test checks every family both ways.
+
+A plugin (``--plugin FILE.py``, a spec's ``plugins:``, the ``moebench.plugins`` entry points) uses
+the same calls: ``get_family("count").variant(...)`` adds a variant to a built-in family, and
+``register_family(FamilySpec(...))`` adds a whole family (moebench.sources.plugins).
+
+A *parameter* is a shape parameter (``role="shape"``: it decides the inputs, and variants that
+share them must agree bit for bit) or a launch parameter (``role="launch"``: block size, grid
+cap, warps; it only changes how the same work is launched).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import sys
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from moebench.core.text import show
 
 REQUIRED = object()
+
+# The built-in families, one folder each; plugins add to the catalogue at run time.
+BUILTIN = ("count", "act", "combine")
 
 
 @dataclass(frozen=True)
@@ -29,24 +50,25 @@ class Param:
     min: float | None = None
     max: float | None = None
     model_key: str | None = None  # default taken from the model config under this key
+    auto: str | None = None  # a value of 0 means this DeviceInfo attribute (grid 0 = sm_count)
     help: str = ""
 
     def check(self, value: Any) -> str | None:
-        """Return what was expected if `value` is not acceptable, else None."""
+        """What was expected, if `value` is not acceptable; else None."""
         if self.type is int:
             if isinstance(value, bool) or not isinstance(value, int):
-                return f"expected an integer, got {_show(value)}"
+                return f"expected an integer, got {show(value)}"
         elif self.type is float:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                return f"expected a number, got {_show(value)}"
+                return f"expected a number, got {show(value)}"
         elif self.type is str:
             if not isinstance(value, str):
-                return f"expected a string, got {_show(value)}"
+                return f"expected a string, got {show(value)}"
         elif self.type is bool:
             if not isinstance(value, bool):
-                return f"expected true or false, got {_show(value)}"
+                return f"expected true or false, got {show(value)}"
         if self.choices is not None and value not in self.choices:
-            return f"expected one of {', '.join(map(str, self.choices))}; got {_show(value)}"
+            return f"expected one of {', '.join(map(str, self.choices))}; got {show(value)}"
         if self.pow2 and (value <= 0 or value & (value - 1)):
             return f"must be a power of two, got {value}"
         if self.min is not None and value < self.min:
@@ -55,37 +77,79 @@ class Param:
             return f"must be <= {self.max:g}, got {value}"
         return None
 
+    def allowed(self) -> str:
+        """The accepted values, as a phrase for an error message."""
+        bits = []
+        if self.choices is not None:
+            return "one of " + ", ".join(map(str, self.choices))
+        if self.pow2:
+            bits.append("a power of two")
+        else:
+            bits.append({int: "an integer", float: "a number", str: "a string", bool: "true or false"}[self.type])
+        if self.min is not None:
+            bits.append(f">= {self.min:g}")
+        if self.max is not None:
+            bits.append(f"<= {self.max:g}")
+        return " ".join(bits)
 
-def _show(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value)
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, dict)):
-        return f"a {type(value).__name__} {value!r}"[:80]
-    return repr(value)
 
-
-@dataclass(frozen=True)
+@dataclass
 class VariantSpec:
+    """A named launch configuration of a family."""
+
     name: str
     doc: str
-    params: tuple[str, ...] = ()  # launch parameters this variant reads
+    params: tuple[str, ...] = ()  # launch parameters this variant reads from the spec
+    # launch parameter -> (kill-switch variable, shipped default): read from the environment at
+    # resolve time, like the seed PRs' MCORE_* switches
+    env: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    source: str = "builtin"  # builtin | upstream | plugin FILE
+    builder: Callable | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def launch_params(self) -> tuple[str, ...]:
+        """Every launch parameter the variant runs with: from the spec, then from the environment."""
+        return tuple(self.params) + tuple(k for k in self.env if k not in self.params)
 
 
 @dataclass(frozen=True)
+class Preset:
+    """How `moebench plot` draws a family by default."""
+
+    x: str  # the swept launch parameter, on a log2 axis
+    series: str  # one line per value
+    title: str
+    floor_panel: bool = False  # add a x-floor panel (x_floor against x)
+
+
 class FamilySpec:
-    name: str
-    doc: str
-    module: str  # implementation module, imported lazily
-    params: dict[str, Param]
-    variants: dict[str, VariantSpec]
-    # cross-parameter rules: (expression over params, message); a case violating one is a spec error
-    rules: tuple[tuple[str, str], ...] = ()
-    host_only: bool = False  # evaluated on the host: no kernels, no timing
-    default_pivot: dict = field(default_factory=dict)
+    """A kernel family's declarations. Built-in families read their variants from the decorators
+    in their kernels.py (`package` names the family's package); plugins register variants as
+    their file runs."""
+
+    def __init__(self, *, name: str, doc: str, params: dict[str, Param], package: str | None = None,
+                 rules: tuple[tuple[str, str], ...] = (), host_only: bool = False,
+                 default_pivot: dict | None = None, plot: Preset | None = None,
+                 cost: Callable[[dict], int] | None = None, sections: Callable[[list], str] | None = None,
+                 origin: str = "builtin"):
+        self.name = name
+        self.doc = doc
+        self.params = params
+        self.rules = rules
+        self.host_only = host_only
+        self.default_pivot = dict(default_pivot or {})
+        self.plot = plot
+        self.cost = cost
+        self.sections = sections
+        self.origin = origin
+        self.kernels = f"{package}.kernels" if package else None
+        self.variants: dict[str, VariantSpec] = {}
+        if package:
+            for v in declared_variants(Path(sys.modules[package].__file__).with_name("kernels.py"), self):
+                self.variants[v.name] = v
+
+    def __repr__(self) -> str:
+        return f"FamilySpec({self.name!r}, variants={list(self.variants)})"
 
     @property
     def shape_params(self) -> tuple[str, ...]:
@@ -95,29 +159,153 @@ class FamilySpec:
     def launch_params(self) -> tuple[str, ...]:
         return tuple(n for n, p in self.params.items() if p.role == "launch")
 
+    def variant(self, name: str, *, doc: str, params: tuple[str, ...] = (),
+                env: dict[str, tuple[str, Any]] | None = None, source: str = "builtin"):
+        """Decorator: `fn` builds variant `name`. For a kernel family, fn(inputs, params, device)
+        -> Built; for a host-only family, fn(params) -> dict of results."""
+        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source)
+        for p in declared.launch_params:
+            if p not in self.params or self.params[p].role != "launch":
+                raise ValueError(f"variant {name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
+                                 f"family ({', '.join(self.launch_params) or 'none'})")
 
-_FAMILY_MODULES = (
-    "moebench.families.count",
-    "moebench.families.activation",
-    "moebench.families.combine",
-)
+        def register(fn: Callable) -> Callable:
+            have = self.variants.get(name)
+            if have is not None and have.builder is None:
+                if have != declared:  # the source text and the running module disagree
+                    raise ValueError(f"variant {name!r} of {self.name!r}: its declaration in {self.kernels} differs "
+                                     "from what the source text says (decorator arguments must be literals)")
+                have.builder = fn
+            elif have is not None and have.builder is not fn:
+                raise ValueError(f"variant {name!r} of family {self.name!r} is registered twice "
+                                 f"({have.source} and {source}); give the new one another name")
+            else:
+                declared.builder = fn
+                self.variants[name] = declared
+            return fn
+
+        return register
+
+    def builder(self, name: str) -> Callable:
+        """The builder of a variant, importing the family's kernels module if needed."""
+        v = self.variants[name]
+        if v.builder is None and self.kernels:
+            importlib.import_module(self.kernels)
+        if v.builder is None:
+            raise LookupError(f"variant {name!r} of {self.name!r} is declared but {self.kernels} registers no "
+                              "builder for it")
+        return v.builder
+
+    def resolve(self, variant: str, params: dict, device: Any, environ: Mapping[str, str],
+                origins: Mapping[str, str] | None = None) -> tuple[dict, dict]:
+        """The parameters a variant's kernel runs with, and where each launch value came from.
+
+        Launch parameters the variant reads from the spec keep their value (from "spec", or
+        "default" where the spec left it to the family); 0 for a parameter with `auto` (grid)
+        becomes that device property; parameters the variant takes from a kill-switch variable
+        are read from `environ`, or get the shipped default. A malformed variable is a
+        UsageError naming it and the accepted values."""
+        v = self.variants[variant]
+        out = dict(params)
+        sources: dict[str, str] = {}
+        for name in v.params:
+            sources[name] = (origins or {}).get(name, "spec")
+            p = self.params[name]
+            if p.auto and out.get(name) == 0:
+                out[name] = getattr(device, p.auto)
+                sources[name] = f"device {p.auto} (spec: 0)"
+        for name, (var, default) in v.env.items():
+            out[name], sources[name] = _read_switch(self.params[name], var, default, environ)
+        return out, sources
+
+    def load(self):
+        """Import the kernels module (torch, triton) and return it."""
+        return importlib.import_module(self.kernels) if self.kernels else None
+
+
+def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -> tuple[Any, str]:
+    """A kill-switch variable's value for parameter `p`, or the shipped default when unset."""
+    from moebench.errors import UsageError
+
+    raw = environ.get(var)
+    if raw is None or raw.strip() == "":
+        return default, f"default {default} (${var} unset)"
+    try:
+        value = int(raw.strip(), 10) if p.type is int else p.type(raw.strip())
+    except ValueError:
+        value = None
+    problem = p.check(value) if value is not None else f"expected {p.allowed()}, got {raw!r}"
+    if problem:
+        raise UsageError(f"${var}={raw!r}: {problem}; it sets {p.name}, which takes {p.allowed()}")
+    return value, f"${var}"
+
+
+def declared_variants(path: Path, family: FamilySpec) -> list[VariantSpec]:
+    """The ``@FAMILY.variant(name, doc=..., params=..., env=..., source=...)`` declarations of a
+    kernels module, read from its source text in file order (no import, so no torch)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[VariantSpec] = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for dec in node.decorator_list:
+            if not (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == "variant"):
+                continue
+            try:
+                args = [ast.literal_eval(a) for a in dec.args]
+                kw = {k.arg: ast.literal_eval(k.value) for k in dec.keywords}
+            except ValueError:
+                raise ValueError(f"{path}:{dec.lineno}: @variant arguments must be literals") from None
+            kw["params"] = tuple(kw.get("params", ()))
+            kw["env"] = {k: tuple(v) for k, v in (kw.get("env") or {}).items()}
+            out.append(VariantSpec(*args, **kw))
+    return out
+
+
+# ----------------------------------------------------------------------------------- the contract
+
+
+@dataclass
+class Built:
+    """What a variant builder returns: a zero-argument launch closure (allocation already done, so
+    the closure can be captured in a CUDA graph), the output it writes, a reset that restores the
+    pre-launch state (zero counters, poison outputs), the launch geometry for the record, and the
+    key of the JIT specialization it compiles."""
+
+    launch: Callable[[], None]
+    output: Any  # torch.Tensor checked after a launch
+    reset: Callable[[], None]
+    geometry: dict[str, Any] = field(default_factory=dict)
+    compile_key: tuple = ()
+
+
+@dataclass
+class Check:
+    ok: bool
+    detail: str = ""
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ----------------------------------------------------------------------------------- the catalogue
 
 _CATALOGUE: dict[str, FamilySpec] | None = None
 
 
 def catalogue() -> dict[str, FamilySpec]:
+    """Every family: the built-in ones, then those plugins registered."""
     global _CATALOGUE
     if _CATALOGUE is None:
-        cat = {}
-        for mod in _FAMILY_MODULES:
-            try:
-                fam = importlib.import_module(mod).FAMILY
-            except ModuleNotFoundError as e:  # a family not written yet
-                if e.name == mod:
-                    continue
-                raise
-            cat[fam.name] = fam
-        _CATALOGUE = cat
+        _CATALOGUE = {}
+        for name in BUILTIN:
+            fam = importlib.import_module(f"{__name__}.{name}").FAMILY
+            _CATALOGUE[fam.name] = fam
     return _CATALOGUE
 
 
@@ -128,6 +316,11 @@ def get_family(name: str) -> FamilySpec:
     return cat[name]
 
 
-def load_impl(family: FamilySpec):
-    """Import the kernel module of a family (torch, triton)."""
-    return importlib.import_module(family.module)
+def register_family(fam: FamilySpec) -> FamilySpec:
+    """Add a family (from a plugin) to the catalogue."""
+    cat = catalogue()
+    have = cat.get(fam.name)
+    if have is not None and have is not fam:
+        raise ValueError(f"family {fam.name!r} already exists ({have.origin}); give the new one another name")
+    cat[fam.name] = fam
+    return fam

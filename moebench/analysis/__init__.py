@@ -1,0 +1,89 @@
+"""Deciding from numbers: reading results, and the statistics behind `moebench ab`, `compare` and
+`recommend` (moebench.analysis.ab, .compare, .recommend), the seed PRs' published tables kept as
+reference data (.reference) and the plots (.plot).
+
+Pure Python over lists of floats and Records: no torch, no kernel, nothing printed. The CLI
+(moebench.cli.analysis) renders what these functions return.
+
+Conventions: times are µs per launch and lower is better, unless a function takes
+`lower_is_better`. Relative quantities are fractions inside (0.05 is 5%); percent appears only in
+text. ON is the candidate and OFF the control, as in the seed PRs' A/B tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from moebench.core.records import Record, load_results
+from moebench.core.text import varying
+from moebench.errors import UsageError
+
+# ============================================================================ reading results
+
+REF_PREFIX = "ref:"
+
+
+def read_results(arg: str | Path) -> tuple[dict, list[Record]]:
+    """A results JSON (or .partial.jsonl), or `ref:NAME` for a reference table. Anything that is
+    not one raises UsageError naming the file; so does a file with no records."""
+    text = str(arg)
+    if text.startswith(REF_PREFIX):
+        from moebench.analysis.reference import load_reference
+
+        ref = load_reference(text[len(REF_PREFIX):])
+        return ref.provenance(), ref.records
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory, expected a results .json file")
+    try:
+        prov, records = load_results(path)
+    except (AttributeError, OSError) as e:  # valid JSON that is not an object, unreadable file
+        raise UsageError(f"{path}: not a moebench results file ({type(e).__name__}: {e})") from None
+    if not isinstance(prov, dict):
+        raise UsageError(f"{path}: not a moebench results file (provenance is not an object)")
+    if not records:
+        raise UsageError(f"{path}: no records (expected a results file with a non-empty 'records' list)")
+    return prov, records
+
+
+def value_of(rec: Record, key: str) -> Any:
+    """A parameter of a record by name; `label` and `variant` name the record's own fields. A
+    launch parameter the variant does not read (None in params) is taken from the launch group,
+    where the variant records what it used (legacy's grid cap 512, shipped's block size)."""
+    if key in ("label", "variant"):
+        return getattr(rec, key)
+    v = rec.params.get(key)
+    return rec.launch.get(key) if v is None else v
+
+
+def metric_of(rec: Record, metric: str = "median_us") -> float | None:
+    """The metric of an ok record (timing, work or cross group), or None."""
+    if rec.status != "ok":
+        return None
+    for g in (rec.timing, rec.work, rec.cross, rec.checks):
+        v = g.get(metric)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def varying_keys(records: Sequence[Record]) -> list[str]:
+    """`label` (if more than one) then the parameters that take more than one value."""
+    names: list[str] = []
+    for r in records:
+        names += [k for k in r.params if k not in names]
+    return varying([{"label": r.label, **r.params} for r in records], ["label"] + names)
+
+
+def describe(keys: Sequence[str], values: Sequence[Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in zip(keys, values)) or "all"
+
+
+def results_json_layout(prov: dict, records: list[Record], **extra: Any) -> str:
+    """The results JSON layout of moebench.core.records ({"provenance", "records"}), with extra
+    top-level sections (ab summaries) that load_results ignores."""
+    return json.dumps({"provenance": prov, "records": [r.to_json() for r in records], **extra},
+                      indent=1, default=str) + "\n"

@@ -1,0 +1,383 @@
+"""A/B of two configurations, as the seed PRs argue them: arms OFF/ON/OFF/ON, per-arm means, arm
+separation, pooled sd, the effect in noise units and the per-step projection; the pairing of a
+spec's cases into OFF/ON pairs, the arm schedule and the PR-ready markdown block.
+
+The schedule (`run_arms`) takes the measurement as a callable (`moebench ab` hands it the
+session's run_case), so nothing here imports a kernel or torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Sequence
+
+from moebench.analysis import metric_of
+from moebench.core.stats import mean, pooled_sd, stdev
+from moebench.errors import UsageError
+
+OFF, ON = "OFF", "ON"
+
+
+
+@dataclass
+class Arm:
+    side: str  # OFF | ON
+    values: list[float]  # one per iteration, in order
+
+    @property
+    def mean(self) -> float:
+        return mean(self.values)
+
+
+@dataclass
+class ABStats:
+    """What an interleaved A/B says, in the terms the seed PRs argue with.
+
+    - `sd_off`, `sd_on`: the sample sd of all iterations of a side, arms pooled together, so
+      arm-to-arm drift counts as noise (seed 000's "pooled sd is 18.0 (OFF) and 23.2 (ON)").
+      `within_sd_*` pools only the spread inside each arm, for comparison.
+    - separation: whether the worst ON iteration beats the best OFF one ("every ON iteration
+      beats every OFF iteration"), the reverse, or neither; `margin` is the gap between them
+      (negative when the arms overlap).
+    - `effect`: |Δ of means| over the larger of the two sds, the conservative reading of
+      "the win is ~23× the run-to-run noise".
+    """
+
+    arms: list[Arm]
+    lower_is_better: bool
+    off_mean: float
+    on_mean: float
+    delta: float  # on_mean - off_mean
+    rel: float  # delta / off_mean
+    sd_off: float
+    sd_on: float
+    within_sd_off: float
+    within_sd_on: float
+    worst_on: float  # max(ON) when lower is better, else min(ON)
+    best_off: float  # min(OFF) when lower is better, else max(OFF)
+    separation: str  # "better" | "worse" | "overlap"
+    margin: float  # >0: the gap by which the sides separate; <=0: the overlap
+    effect: float  # |delta| / max(sd_off, sd_on); inf when both sides have no spread
+
+    @property
+    def noise(self) -> float:
+        return max(self.sd_off, self.sd_on)
+
+    @property
+    def n_off(self) -> int:
+        return sum(len(a.values) for a in self.arms if a.side == OFF)
+
+    @property
+    def n_on(self) -> int:
+        return sum(len(a.values) for a in self.arms if a.side == ON)
+
+
+def ab_stats(arms: Sequence[Arm], *, lower_is_better: bool = True) -> ABStats:
+    off = [a for a in arms if a.side == OFF]
+    on = [a for a in arms if a.side == ON]
+    if not off or not on or any(not a.values for a in arms):
+        raise ValueError("an A/B needs at least one OFF and one ON arm, each with values")
+    xo = [v for a in off for v in a.values]
+    xn = [v for a in on for v in a.values]
+    sign = -1.0 if lower_is_better else 1.0  # "goodness" = sign * value: bigger is better
+    worst_on = sign * min(sign * v for v in xn)
+    best_off = sign * max(sign * v for v in xo)
+    if sign * worst_on > sign * best_off:
+        separation, margin = "better", abs(worst_on - best_off)
+    elif min(sign * v for v in xo) > max(sign * v for v in xn):
+        separation = "worse"
+        margin = min(sign * v for v in xo) - max(sign * v for v in xn)
+    else:
+        separation, margin = "overlap", -abs(worst_on - best_off)
+    mo, mn = mean(xo), mean(xn)
+    sd_o, sd_n = stdev(xo), stdev(xn)
+    noise = max(sd_o, sd_n)
+    delta = mn - mo
+    effect = abs(delta) / noise if noise > 0 else (math.inf if delta else 0.0)
+    return ABStats(arms=list(arms), lower_is_better=lower_is_better, off_mean=mo, on_mean=mn, delta=delta,
+                   rel=delta / mo if mo else math.nan, sd_off=sd_o, sd_on=sd_n,
+                   within_sd_off=pooled_sd([a.values for a in off]), within_sd_on=pooled_sd([a.values for a in on]),
+                   worst_on=worst_on, best_off=best_off, separation=separation, margin=margin, effect=effect)
+
+
+def separation_text(st: ABStats, unit: str = "µs", digits: int = 3) -> str:
+    """One sentence in the seed PRs' words, e.g. "max(ON) = 2.113 < min(OFF) = 8.041 µs — every ON
+    iteration beats every OFF iteration, with a 5.928 µs margin"."""
+    lo = st.lower_is_better
+    on_f, off_f = ("max", "min") if lo else ("min", "max")
+    d = f"{{:.{digits}f}}"
+    w, b = d.format(st.worst_on), d.format(st.best_off)
+    if st.separation == "better":
+        rel = "<" if lo else ">"
+        return (f"{on_f}(ON) = {w} {rel} {off_f}(OFF) = {b} {unit} — every ON iteration beats every OFF "
+                f"iteration, with a {d.format(st.margin)} {unit} margin")
+    if st.separation == "worse":
+        return (f"every OFF iteration beats every ON iteration (ON is {'slower' if lo else 'worse'} in all "
+                f"{st.n_on}), by a {d.format(st.margin)} {unit} margin")
+    rel = "≥" if lo else "≤"
+    return (f"the arms overlap: {on_f}(ON) = {w} {rel} {off_f}(OFF) = {b} {unit}, so ON does not beat OFF in "
+            "every iteration")
+
+
+def noise_text(st: ABStats, unit: str = "µs", digits: int = 3) -> str:
+    d = f"{{:.{digits}f}}"
+    what = "win" if (st.delta < 0) == st.lower_is_better and st.delta else "difference"
+    if st.noise == 0:
+        return f"Both sides have no spread (sd 0 {unit}): the effect in noise units is undefined."
+    return (f"Pooled sd is {d.format(st.sd_off)} (OFF) and {d.format(st.sd_on)} (ON) {unit}, so the {what} "
+            f"is ~{st.effect:.{0 if st.effect >= 10 else 1}f}× the run-to-run noise of this configuration.")
+
+
+@dataclass
+class Projection:
+    layers: int
+    before: float  # off per launch x layers
+    after: float
+    delta: float  # after - before
+
+
+def per_step(off_us: float, on_us: float, layers: int | None) -> Projection | None:
+    """Per-step cost of a kernel launched once per MoE layer: µs per launch x layers. None when
+    the layer count is unknown (the spec names no model, or its model has no moe_layers)."""
+    if not layers:
+        return None
+    return Projection(layers, off_us * layers, on_us * layers, (on_us - off_us) * layers)
+
+
+def projection_text(p: Projection | None) -> str:
+    if p is None:
+        return "Per-step projection: none (the spec's model config gives no moe_layers)."
+    return (f"Projected per step: {p.before:.1f} → {p.after:.1f} µs/step ({p.delta:+.1f} µs) over "
+            f"{p.layers} MoE layers, one launch each.")
+
+
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One KEY=VAL of `ab --off/--on`: a spec parameter, or an environment variable (env:NAME)."""
+
+    key: str
+    value: Any
+    env: bool = False
+
+    def text(self) -> str:
+        return f"{'env:' if self.env else ''}{self.key}={self.value}"
+
+
+def parse_setting(text: str, family, option: str) -> Setting:
+    """Parse and check one KEY=VAL against the family's parameters (values as YAML scalars)."""
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UsageError(f"{option}: expected KEY=VAL or env:NAME=VAL, got {text!r}")
+    if key.startswith("env:"):
+        name = key[4:]
+        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise UsageError(f"{option}: {key!r} is not an environment variable name")
+        return Setting(name, raw, env=True)
+    if key not in family.params:
+        raise UsageError(f"{option}: unknown parameter {key!r} of family {family.name!r}; expected one of "
+                         f"{', '.join(family.params)} (or env:NAME=VAL for an environment variable)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    p = family.params[key]
+    if p.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    problem = p.check(value)
+    if problem:
+        raise UsageError(f"{option}: {key}: {problem}")
+    return Setting(key, value)
+
+
+def settings_text(settings: Sequence[Setting]) -> str:
+    return ", ".join(s.text() for s in settings) or "the spec as written"
+
+
+# ----------------------------------------------------------------------------- pairs and the schedule
+
+
+
+
+@dataclass
+class ABPair:
+    """One case of the spec, as its OFF and its ON configuration."""
+
+    text: str  # e.g. "tokens=256"
+    off: Any  # moebench.core.cases.Case
+    on: Any
+    arms: list[Arm] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stats: ABStats | None = None
+
+
+def ab_pairs(spec, cases: list, off: Sequence[Setting], on: Sequence[Setting]) -> tuple[list[ABPair], list[str]]:
+    """Apply each side's parameter settings to every case; cases that differ only in an overridden
+    parameter collapse into one pair. Returns the pairs and notes on what was left out."""
+    from moebench.core.cases import case_id
+
+    fam = spec.family
+    keys = [s.key for s in list(off) + list(on) if not s.env]
+    has_env = any(s.env for s in list(off) + list(on))
+    notes: list[str] = []
+    skipped: dict[str, list[str]] = {}
+
+    def apply(case, settings):
+        params = dict(case.params)
+        used = fam.variants[case.variant].params
+        for s in settings:
+            if not s.env and (fam.params[s.key].role != "launch" or s.key in used):
+                params[s.key] = s.value
+        return replace(case, params=params, id=case_id(case.family, case.label, params))
+
+    seen: dict[tuple, ABPair] = {}
+    for c in cases:
+        used = fam.variants[c.variant].params
+        ignored = [k for k in keys if fam.params[k].role == "launch" and k not in used]
+        if ignored and not has_env:  # the variant would run the same launch on both sides
+            skipped.setdefault(c.label, ignored)
+            continue
+        pkey = (c.label,) + tuple((k, repr(v)) for k, v in c.params.items() if k not in keys)
+        if pkey not in seen:
+            seen[pkey] = ABPair("", apply(c, off), apply(c, on))
+    for label, ignored in skipped.items():
+        notes.append(f"variant {label!r} does not read {', '.join(ignored)}: its cases are left out")
+    pairs = list(seen.values())
+    if not pairs:
+        raise UsageError(f"no case of {spec.name} reads {', '.join(keys)}; variants: "
+                         + ", ".join(f"{v.name} ({', '.join(v.params) or 'none'})" for v in fam.variants.values()))
+    if all(p.off.params == p.on.params for p in pairs) and \
+            {s.text() for s in off if s.env} == {s.text() for s in on if s.env}:
+        raise UsageError(f"--off and --on give the same configuration ({settings_text(off)}); nothing to compare")
+    labels = {p.off.label for p in pairs}
+    names = [k for k in pairs[0].off.params if k not in keys]
+    for p in pairs:  # the label, and what varies among the pairs of that label
+        same = [q for q in pairs if q.off.label == p.off.label]
+        vary = [k for k in names if len({repr(q.off.params.get(k)) for q in same}) > 1]
+        bits = [p.off.label] if len(labels) > 1 else []
+        bits += [f"{k}={p.off.params.get(k)}" for k in vary]
+        p.text = ", ".join(bits) or p.off.label
+    if not keys:
+        env = sorted({s.key for s in list(off) + list(on)})
+        notes.append(f"OFF and ON differ only in ${', $'.join(env)}: a case whose variant does not read it "
+                     "times the same launch on both sides")
+    return pairs, notes
+
+
+@contextmanager
+def environment(settings: Sequence[Setting]) -> Iterator[None]:
+    """Set the env:NAME=VAL settings of one arm, and put the environment back afterwards."""
+    old = {s.key: os.environ.get(s.key) for s in settings}
+    try:
+        for s in settings:
+            os.environ[s.key] = str(s.value)
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int,
+             make_runner: Callable[[], object], metric: str = "median_us",
+             on_step: Callable[[int, str, int, ABPair], None] | None = None) -> list:
+    """Arms alternate OFF/ON/OFF/ON in this process. Each arm gets a fresh runner (so inputs and
+    graphs are rebuilt and the environment is read anew); each iteration of an arm is one timed
+    measurement of every case, cases interleaved. Returns every record, tagged with its arm."""
+    records = []
+    for a in range(arms):
+        side = OFF if a % 2 == 0 else ON
+        settings = off if side == OFF else on
+        values: dict[int, list[float]] = {id(p): [] for p in pairs}
+        with environment([s for s in settings if s.env]):
+            runner = make_runner()
+            for i in range(iters):
+                for p in pairs:
+                    if on_step:
+                        on_step(a, side, i, p)
+                    rec = runner.run_case(p.off if side == OFF else p.on)
+                    rec.timing.update({"ab_arm": a + 1, "ab_side": side, "ab_iter": i + 1})
+                    records.append(rec)
+                    t = metric_of(rec, metric)
+                    if t is None:
+                        why = rec.error.splitlines()[0] if rec.error else f"no {metric}"
+                        p.errors.append(f"arm {a + 1} {side} iteration {i + 1}: {rec.status}: {why}")
+                    else:
+                        values[id(p)].append(t)
+        for p in pairs:
+            p.arms.append(Arm(side, values[id(p)]))
+    for p in pairs:
+        if not p.errors:
+            p.stats = ab_stats(p.arms, lower_is_better=True)
+    return records
+
+
+# ----------------------------------------------------------------------------- the markdown block
+
+
+
+
+def us(v: float) -> str:
+    return f"{v:.3f}"
+
+
+def effect_text(st: ABStats) -> str:
+    if math.isinf(st.effect):
+        return "∞ (no spread)"
+    return f"{st.effect:.0f}×" if st.effect >= 10 else f"{st.effect:.1f}×"
+
+
+def separation_cell(st: ABStats) -> str:
+    if st.separation == "better":
+        return f"every ON < every OFF (margin {us(st.margin)})"
+    if st.separation == "worse":
+        return f"every ON > every OFF (by {us(st.margin)})"
+    return f"overlap ({us(-st.margin)})"
+
+
+def ab_markdown(*, spec_name: str, device: str, off: Sequence[Setting], on: Sequence[Setting], arms: int,
+                iters: int, pairs: list[ABPair], layers: int | None, timer_text: str) -> str:
+    """The block for a PR description: summary table, the argument per case, then each case's
+    arms and iterations (folded), like the seed PRs' A/B tables."""
+    order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
+    step_col = f"per step ({layers} layers)" if layers else "per step"
+    out = [f"### A/B on {device}: {settings_text(on)} (ON) against {settings_text(off)} (OFF)", "",
+           f"Sweep `{spec_name}`. {timer_text} {arms} arms {order} in one process, each rebuilding its inputs "
+           f"and graphs; {iters} timed measurements per arm per case. Lower is better.", "",
+           f"| case | OFF µs | ON µs | Δ µs | Δ % | arm separation | sd OFF / ON µs | effect | {step_col} |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        st = p.stats
+        if st is None:
+            out.append(f"| {p.text} | ✗ | ✗ | | | {p.errors[0]} | | | |")
+            continue
+        pr = per_step(st.off_mean, st.on_mean, layers)
+        out.append(f"| {p.text} | {us(st.off_mean)} | {us(st.on_mean)} | {st.delta:+.3f} | {100 * st.rel:+.1f}% | "
+                   f"{separation_cell(st)} | {us(st.sd_off)} / {us(st.sd_on)} | {effect_text(st)} | "
+                   f"{f'{pr.delta:+.1f} µs' if pr else 'none'} |")
+    out.append("")
+    for p in pairs:
+        if p.stats is None:
+            continue
+        st = p.stats
+        out += [f"**{p.text}.** Arm separation: {separation_text(st)}. {noise_text(st)} "
+                f"{projection_text(per_step(st.off_mean, st.on_mean, layers))}", ""]
+    out += ["<details><summary>Arms and iterations (µs per launch)</summary>", ""]
+    head = ["case", "arm", "config"] + [f"i{i + 1}" for i in range(iters)] + ["mean"]
+    out += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+    for p in pairs:
+        for a, arm in enumerate(p.arms):
+            vals = [us(v) for v in arm.values] + [""] * (iters - len(arm.values))
+            mean = us(arm.mean) if arm.values else "—"
+            out.append("| " + " | ".join([p.text, str(a + 1), arm.side] + vals + [mean]) + " |")
+    out += ["", "</details>"]
+    return "\n".join(out) + "\n"

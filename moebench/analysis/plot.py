@@ -1,0 +1,255 @@
+"""Curves from results, readable at a glance: the block-size curve of a `count` sweep (µs per launch
+against BLOCK_SIZE, one line per valid-token count) and the occupancy curve of an `act` sweep (µs
+and × floor against the grid cap, one line per live-row count), with a published reference series
+from moebench/reference beside the measurement, dashed, in the same colour.
+
+matplotlib through the Agg canvas and its object API (no pyplot, no display), so it runs on a
+machine without a GPU or a screen. Library code: returns what it drew; the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moebench.analysis import metric_of, value_of, varying_keys
+from moebench.core.text import ordered
+from moebench.analysis.reference import Reference
+from moebench.core.records import Record, atomic_write_bytes
+from moebench.errors import UsageError
+from moebench.families import Preset
+
+
+TIMERS = {"graph-replay": "CUDA-graph replay"}
+
+
+@dataclass
+class Drawn:
+    path: Path
+    title: str
+    panels: list[str]
+    series: int
+    points: int
+    reference_points: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def preset_for(records: list[Record], x: str | None, series: str | None) -> Preset:
+    """The family's plot preset (its catalogue's `plot`, else its default pivot), with --x and
+    --series applied."""
+    from moebench.families import catalogue
+
+    fam = records[0].family
+    spec = catalogue().get(fam)
+    p = spec.plot if spec is not None else None
+    if p is None:
+        pv = getattr(spec, "default_pivot", None) or {}
+        p = Preset(pv.get("rows") or "", pv.get("cols") or "", f"{fam} curve")
+    p = Preset(x or p.x, series or p.series, p.title, p.floor_panel)
+    names = {k for r in records for k in r.params}
+    for opt, k in (("--x", p.x), ("--series", p.series)):
+        if not k:
+            raise UsageError(f"{opt}: family {fam!r} has no default; name a parameter ({', '.join(sorted(names))})")
+        if k not in names and k != "label":
+            raise UsageError(f"{opt}: no parameter {k!r} in these results; parameters: {', '.join(sorted(names))}")
+    return p
+
+
+def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Reference | None = None,
+                 x: str | None = None, series: str | None = None, metric: str = "median_us") -> Drawn:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    p = preset_for(records, x, series)
+    fam = records[0].family
+    if reference is not None and reference.family != fam:
+        raise UsageError(f"--reference: {reference.name} is a {reference.family!r} table; these results are "
+                         f"family {fam!r}")
+    notes: list[str] = []
+    others = [k for k in varying_keys(records) if k not in (p.x, p.series)]
+    if p.series == "label":  # a parameter each variant entry fixes is already named by its label
+        per_label: dict = {}
+        for r in records:
+            for k in others:
+                per_label.setdefault((r.label, k), set()).add(repr(r.params.get(k)))
+        others = [k for k in others if any(len(v) > 1 for (lab, kk), v in per_label.items() if kk == k)]
+    lines = _lines(records, p, others, metric, notes)
+    ref_lines = _lines(reference.records, p, [], metric, []) if reference is not None else {}
+    if not lines and not ref_lines:
+        raise UsageError(f"no {metric} to plot: these results have no timings (an interpreter run checks "
+                         "correctness only); plot a GPU sweep's results, or add --reference")
+    if not lines:
+        notes.append(f"no {metric} in the results (interpreter run?): only the reference is drawn")
+
+    panels = [metric]
+    floor_lines = {}
+    if p.floor_panel:
+        floor_lines = _lines(records, p, others, "x_floor", [])
+        panels.append("x_floor")
+        if lines and not floor_lines:
+            notes.append("no × floor in the results (no measured ceilings, or an interpreter run): "
+                         "the × floor panel shows the reference only" if reference else
+                         "no × floor in the results (no measured ceilings, or an interpreter run)")
+
+    colours = _colours([k[0] for k in lines] + [k[0] for k in ref_lines])
+    markers = _markers([k[1:] for k in lines])
+    # panels stacked, so each keeps the full width and its legend to the right
+    fig = Figure(figsize=(8.6, 4.4 * len(panels)), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    xs_all: set = set()
+
+    ax = axes[0]
+    for key, pts in lines.items():
+        xs, ys = zip(*pts)
+        xs_all.update(xs)
+        c, m = colours[key[0]], markers[key[1:]]
+        ax.plot(xs, ys, "-" + m, color=c, lw=1.8, ms=4.5 if m == "o" else 7, label=_series_label(p.series, key, others))
+        if len(pts) >= 3:  # the line's minimum, ringed
+            i = min(range(len(ys)), key=ys.__getitem__)
+            ax.plot([xs[i]], [ys[i]], "o", ms=11, mfc="none", mec=c, mew=1.4)
+    floor_drawn = False
+    if p.floor_panel:  # the floor each line is read against, dotted, in its colour
+        for key, pts in _lines(records, p, others, "floor_us", []).items():
+            ys = [y for _, y in pts]
+            ax.axhline(sum(ys) / len(ys), color=colours.get(key[0], "0.5"), ls=":", lw=1,
+                       label=None if floor_drawn else "floor (bytes / copy ceiling)")
+            floor_drawn = True
+    n_ref = 0
+    for key, pts in ref_lines.items():
+        xs, ys = zip(*pts)
+        xs_all.update(xs)
+        n_ref += len(pts)
+        ax.plot(xs, ys, "--s", color=colours[key[0]], lw=1.3, ms=4.5, mfc="none",
+                label=f"{p.series}={key[0]}, {reference.label}")
+    _axes(ax, p.x, _ylabel(records, metric), xs_all)
+    _yscale(ax, [y for pts in list(lines.values()) + list(ref_lines.values()) for _, y in pts])
+
+    if p.floor_panel:
+        ax2 = axes[1]
+        ref_floor = _lines(reference.records, p, [], "x_floor", []) if reference else {}
+        levels = _floor_levels(records, p, others)
+        for key, pts in floor_lines.items():
+            xs, ys = zip(*pts)
+            m = markers.get(key[1:], "o")
+            lv = "/".join(sorted(levels.get(key, ())))
+            ax2.plot(xs, ys, "-" + m, color=colours.get(key[0], "0.3"), lw=1.8, ms=4.5 if m == "o" else 7,
+                     label=_series_label(p.series, key, others) + (f" [{lv.upper()} floor]" if lv else ""))
+        for key, pts in ref_floor.items():
+            xs, ys = zip(*pts)
+            ax2.plot(xs, ys, "--s", color=colours[key[0]], lw=1.3, ms=4.5, mfc="none",
+                     label=f"{p.series}={key[0]}, {reference.label}")
+        ax2.axhline(1.0, color="0.4", lw=1, ls=":", label="1× = at the floor")
+        _axes(ax2, p.x, "× floor (time / bytes-moved floor)", xs_all)
+        _yscale(ax2, [y for pts in list(floor_lines.values()) + list(ref_floor.values()) for _, y in pts] + [1.0])
+        if not floor_lines:
+            ax2.text(0.5, 0.55, "no × floor in these results\n(no measured ceilings, or an interpreter run)",
+                     transform=ax2.transAxes, ha="center", va="center", fontsize=9, color="0.35")
+
+    dev = (prov.get("device") or {}).get("name") or "?"
+    title = f"{prov.get('sweep') or fam}: {p.title} on {dev}"
+    sub = []
+    if others:
+        sub.append("lines also split by " + ", ".join(others))
+    if reference is not None:
+        sub.append(f"dashed: {reference.label} ({reference.timer})")
+    fig.suptitle(title + ("\n" + "; ".join(sub) if sub else ""), fontsize=10.5)
+    for a in axes:
+        handles, _ = a.get_legend_handles_labels()
+        if handles:
+            a.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    atomic_write_bytes(out, buf.getvalue())
+    return Drawn(out, title, panels, len(lines), sum(len(v) for v in lines.values()), n_ref, notes)
+
+
+def _lines(records: list[Record], p: Preset, others: list[str], metric: str,
+           notes: list[str]) -> dict[tuple, list[tuple[float, float]]]:
+    """Series key (series value, other varying values) -> [(x, y)] sorted by x."""
+    out: dict[tuple, list] = {}
+    failed = no_x = 0
+    for r in records:
+        if r.status != "ok":
+            failed += 1
+            continue
+        y = metric_of(r, metric)
+        if y is None:
+            continue
+        xv = value_of(r, p.x)  # falls back to the launch group: legacy's grid 512, shipped's block
+        if not isinstance(xv, (int, float)) or isinstance(xv, bool) or xv <= 0:
+            no_x += 1
+            continue
+        key = (value_of(r, p.series),) + tuple(value_of(r, k) for k in others)
+        out.setdefault(key, []).append((xv, y))
+    if failed:
+        notes.append(f"{failed} failed case(s) not drawn")
+    if no_x:
+        notes.append(f"{no_x} timed case(s) without a positive {p.x} (a variant that does not read it) not drawn")
+    return {k: sorted(out[k]) for k in ordered(out)}
+
+
+def _colours(keys: list[Any]) -> dict[Any, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {k: cmap(i % 10) for i, k in enumerate(ordered(keys))}
+
+
+def _floor_levels(records: list[Record], p: Preset, others: list[str]) -> dict[tuple, set]:
+    """Which ceiling each line's floor was read against (the runner's work.floor_level: an
+    L2-resident working set can run below the DRAM floor, so a × floor under 1 needs this)."""
+    out: dict[tuple, set] = {}
+    for r in records:
+        lv = r.work.get("floor_level")
+        if lv:
+            key = (value_of(r, p.series),) + tuple(value_of(r, k) for k in others)
+            out.setdefault(key, set()).add(str(lv))
+    return out
+
+
+def _markers(keys: list[tuple]) -> dict[tuple, str]:
+    """One marker per combination of the other varying values (e.g. per variant label)."""
+    shapes = "oDs^vP"
+    return {k: shapes[i % len(shapes)] for i, k in enumerate(ordered(keys))}
+
+
+def _yscale(ax, ys: list[float]) -> None:
+    """Linear from 0 when the values span less than 10x; log (plain tick labels) beyond, so a
+    2 µs line and a 30 µs line both stay readable."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ys = [y for y in ys if y > 0]
+    if ys and max(ys) / min(ys) > 10:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.set_ylim(bottom=0)
+
+
+def _series_label(series: str, key: tuple, others: list[str]) -> str:
+    return ", ".join([f"{series}={key[0]}"] + [f"{k}={v}" for k, v in zip(others, key[1:])])
+
+
+def _axes(ax, x: str, ylabel: str, xs: set) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(xs)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{int(t)}" if float(t).is_integer() else f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel(f"{x} (log2)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _ylabel(records: list[Record], metric: str) -> str:
+    if metric != "median_us":
+        return metric
+    timers = {r.timing.get("timer") for r in records if r.timing.get("timer")}
+    how = ", ".join(sorted(TIMERS.get(t, t) for t in timers)) or "median"
+    return f"µs per launch ({how})"
+

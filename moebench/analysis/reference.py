@@ -1,0 +1,138 @@
+"""The seed PRs' published tables, kept as reference data (moebench/analysis/reference/*.yaml), as
+records that sit beside a measurement in `show --reference`, `plot --reference` and
+`recommend ref:NAME`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moebench.analysis import metric_of, value_of
+from moebench.core.records import Record
+from moebench.errors import UsageError
+
+
+REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
+
+
+@dataclass
+class Reference:
+    """A seed PR's published table: records built from it, plus the figures around it."""
+
+    name: str
+    title: str
+    source: str
+    device: str
+    family: str
+    label: str
+    timer: str
+    units: dict[str, str]
+    records: list[Record]
+    notes: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    ab: dict[str, Any] | None = None
+    path: Path | None = None
+
+    def provenance(self) -> dict:
+        return {"sweep": self.name, "reference": True, "source": self.source, "timer": self.timer,
+                "device": {"name": self.device}, "command": f"(published: {self.source})"}
+
+
+def reference_names() -> list[str]:
+    return sorted(p.stem for p in REFERENCE_DIR.glob("*.yaml"))
+
+
+def load_reference(name: str) -> Reference:
+    """moebench/reference/NAME.yaml as records (one per published cell), labelled with the
+    reference's label so they sit beside a measurement without being mistaken for one."""
+    import yaml
+
+    from moebench.core.cases import case_id
+
+    path = REFERENCE_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise UsageError(f"unknown reference {name!r}; known: {', '.join(reference_names()) or 'none'}")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UsageError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or "family" not in doc:
+        raise UsageError(f"{path}: not a reference table (expected a mapping with family, table or points)")
+    fam, label = doc["family"], doc.get("label", name)
+    variant = doc.get("variant", "reference")
+    fixed = dict(doc.get("fixed") or {})
+    cells: list[tuple[dict, dict]] = []  # (params, values)
+    tab = doc.get("table")
+    if tab:
+        metric = tab.get("metric", "median_us")
+        cols = tab["col_values"]
+        for row_val, vals in tab["values"].items():
+            if len(vals) != len(cols):
+                raise UsageError(f"{path}: table.values.{row_val}: {len(vals)} values for {len(cols)} columns")
+            for c, v in zip(cols, vals):
+                if v is not None:
+                    cells.append(({**fixed, tab["rows"]: row_val, tab["cols"]: c}, {metric: v}))
+    for pt in doc.get("points") or ():  # one mapping per point: parameters and published values
+        params = {k: v for k, v in pt.items() if k not in _REF_VALUE_KEYS}
+        values = {k: v for k, v in pt.items() if k in _REF_VALUE_KEYS}
+        cells.append(({**fixed, **params}, values))
+    records = []
+    for params, values in cells:
+        rec = Record(sweep=name, family=fam, case_id=case_id(fam, label, params), variant=variant, label=label,
+                     status="ok", params=params)
+        for k, v in values.items():
+            (rec.timing if k in _REF_TIMING_KEYS else rec.work)[k] = v
+        rec.timing["timer"] = doc.get("timer", "published")
+        records.append(rec)
+    return Reference(name=doc.get("name", name), title=doc.get("title", name), source=str(doc.get("source", "")),
+                     device=str(doc.get("device", "")), family=fam, label=label, timer=str(doc.get("timer", "")),
+                     units=dict(doc.get("units") or {}), records=records, notes=list(doc.get("notes") or []),
+                     facts=dict(doc.get("facts") or {}), ab=doc.get("ab"), path=path)
+
+
+_REF_TIMING_KEYS = ("median_us", "min_us", "max_us", "iqr_us", "rel_noise")
+_REF_VALUE_KEYS = _REF_TIMING_KEYS + ("floor_us", "x_floor", "bytes", "gbps", "occupancy_pct")
+
+
+def reference_arms(ref: Reference) -> list:
+    """The published A/B iterations of a reference (empty where only arm means were published)."""
+    from moebench.analysis.ab import Arm
+
+    ab = ref.ab or {}
+    return [Arm(a["side"], [float(v) for v in a["values"]]) for a in ab.get("arms") or ()]
+
+
+def beside_reference(records: list[Record], ref: Reference, rows: str, cols: str, metric: str,
+                     param_names: list[str]) -> list[tuple[str, str, Any]]:
+    """For `show --reference`: (kind, title, table) for each measured pivot ("measured"), the
+    reference over the same rows and columns ("reference"), and measured / reference ("ratio").
+    Cells are matched on the (rows, cols) values alone; other parameters are whatever each side
+    held fixed. Pivots with no reference cell at all are left out."""
+    import pandas as pd
+
+    from moebench.core.report import pivots
+
+    ref_cells = {(value_of(r, rows), value_of(r, cols)): metric_of(r, metric) for r in ref.records}
+    out = []
+    for title, t in pivots(records, rows, cols, metric, param_names):
+        def row_val(key):
+            return key[-1] if isinstance(key, tuple) else key
+
+        ref_t = pd.DataFrame([[ref_cells.get((row_val(k), c)) for c in t.columns] for k in t.index],
+                             index=t.index, columns=t.columns)
+        ratio = pd.DataFrame([[_ratio(t.loc[k, c], ref_t.loc[k, c]) for c in t.columns] for k in t.index],
+                             index=t.index, columns=t.columns)
+        if ref_t.isna().all().all():
+            continue
+        pre = f"{title}, " if title else ""
+        out += [("measured", title, t), ("reference", f"{pre}{ref.label}", ref_t),
+                ("ratio", f"{pre}measured ÷ {ref.label}", ratio)]
+    return out
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not math.isnan(a) and not math.isnan(b):
+        return a / b
+    return None

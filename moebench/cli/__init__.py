@@ -1,0 +1,67 @@
+"""The moebench command line: one Typer app assembled from one sub-app per command group.
+
+- moebench.cli.run: sweep, verify
+- moebench.cli.info: validate, list, show, render, device
+- moebench.cli.analysis: ab, compare, recommend, plot
+- moebench.cli.dist: merge
+
+Commands are thin: parse -> call the library -> render. Library code never prints.
+
+Exit codes (moebench.errors.ExitCode): 0 ok; 1 a case failed (verification or an error; the
+table marks it); 2 usage, spec or results-file error (one line naming the file, the key and what
+was expected); 3 an internal error (a bug: -v shows the traceback); 128 + signal when a run was
+interrupted (130 Ctrl-C, 143 SIGTERM; its completed records are saved).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from moebench.cli import analysis, dist, info, run
+from moebench.cli.common import STATE, err
+from moebench.errors import ExitCode, Interrupted, MoebenchError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="CUDA-graph microbenchmarks for the small kernels of MoE inference.\n\n"
+                       "Exit codes: 0 ok; 1 a case failed; 2 a usage, spec or results-file error; 3 an internal "
+                       "error (a bug); 130/143 interrupted (completed records saved).")
+for sub in (run.app, info.app, analysis.app, dist.app):
+    app.add_typer(sub)
+
+
+@app.callback()
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors.")):
+    STATE["verbose"] = verbose
+
+
+def main() -> None:
+    try:
+        rc = app(standalone_mode=False)  # click hands typer.Exit's code back in this mode
+        sys.exit(int(rc) if isinstance(rc, int) else ExitCode.OK)
+    except MoebenchError as e:
+        if STATE["verbose"]:
+            import traceback
+
+            traceback.print_exc()
+        err.print(f"error: {e}" if not isinstance(e, Interrupted) else str(e), markup=False, highlight=False,
+                  soft_wrap=True)
+        sys.exit(int(e.exit_code))
+    except typer.Exit as e:
+        sys.exit(int(e.exit_code))
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        sys.exit(ExitCode.INTERRUPTED + 2)
+    except Exception as e:  # click usage errors (typer may vendor click) and anything unexpected
+        if hasattr(e, "show") and hasattr(e, "exit_code"):  # a click UsageError / BadParameter
+            e.show()
+            sys.exit(e.exit_code)
+        if type(e).__name__ == "Abort":
+            err.print("aborted")
+            sys.exit(ExitCode.INTERRUPTED + 2)
+        if STATE["verbose"]:
+            raise
+        err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", markup=False,
+                  soft_wrap=True)
+        sys.exit(ExitCode.INTERNAL)

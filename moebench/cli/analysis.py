@@ -1,0 +1,336 @@
+"""Commands that decide from numbers: `ab`, `compare`, `recommend`, `plot`.
+
+Thin, like the rest of the CLI: parse -> moebench.analysis -> render. The statistics, the A/B
+pairing and schedule live in moebench.analysis; `ab` hands the schedule the session's run_case.
+Everything but `ab` runs without torch.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect_text, noise_text, per_step,
+                                  projection_text, run_arms, separation_cell, separation_text, settings_text, us)
+from moebench.cli.common import STATE, Bar, err, out
+from moebench.core.text import md_table, num
+from moebench.errors import BackendError, ExitCode, UsageError
+
+app = typer.Typer()
+
+def _ab_table(pairs: list[ABPair], layers: int | None) -> Table:
+    t = Table(title="A/B per case (µs per launch; ON - OFF)", title_justify="left")
+    for c in ("case", "OFF", "ON", "Δ µs", "Δ %", "separation", "sd OFF / ON", "effect",
+              f"per step ({layers} layers)" if layers else "per step"):
+        t.add_column(c, justify="left" if c in ("case", "separation") else "right")
+    for p in pairs:
+        st = p.stats
+        if st is None:
+            t.add_row(p.text, "[red]✗[/red]", "[red]✗[/red]", "", "", f"[red]{p.errors[0]}[/red]", "", "", "")
+            continue
+        pr = per_step(st.off_mean, st.on_mean, layers)
+        colour = {"better": "green", "worse": "red"}.get(st.separation, "yellow")
+        t.add_row(p.text, us(st.off_mean), us(st.on_mean), f"{st.delta:+.3f}", f"{100 * st.rel:+.1f}%",
+                  f"[{colour}]{separation_cell(st)}[/{colour}]", f"{us(st.sd_off)} / {us(st.sd_on)}",
+                  effect_text(st), f"{pr.delta:+.1f} µs" if pr else "none")
+    return t
+
+
+# ============================================================================ commands
+
+
+@app.command()
+def ab(
+    spec: str = typer.Argument(..., help="Sweep name (sweeps/NAME.yaml) or path to a spec file."),
+    off: Optional[list[str]] = typer.Option(None, "--off", help="KEY=VAL (a spec parameter) or env:NAME=VAL for "
+                                            "the control arms; repeat for several."),
+    on: Optional[list[str]] = typer.Option(None, "--on", help="KEY=VAL or env:NAME=VAL for the candidate arms."),
+    arms: int = typer.Option(4, "--arms", help="Arms in total, alternating OFF/ON (even, >= 2)."),
+    iters: int = typer.Option(5, "--iters", help="Timed measurements per arm and case (>= 2)."),
+    quick: bool = typer.Option(False, "--quick", help="Use the spec's small CI smoke shape."),
+    out_dir: Path = typer.Option(Path("results"), "--out", help="Results root; files go to OUT/<device>/."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the OFF/ON pairs and the schedule, run nothing."),
+):
+    """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
+    separation, pooled sd, effect in noise units, per-step projection, and a PR-ready markdown block."""
+    from moebench.analysis.ab import parse_setting
+    from moebench.core.cases import expand
+    from moebench.core.spec import load_spec
+
+    sp = load_spec(spec)
+    fam = sp.family
+    if fam.host_only:
+        raise UsageError(f"family {fam.name!r} is evaluated on the host: there is nothing to time")
+    offs = [parse_setting(s, fam, "--off") for s in off or ()]
+    ons = [parse_setting(s, fam, "--on") for s in on or ()]
+    if not offs and not ons:
+        raise UsageError("give the two configurations: --off KEY=VAL --on KEY=VAL (or env:NAME=VAL)")
+    for name, side in (("--off", offs), ("--on", ons)):
+        ks = [("env:" if s.env else "") + s.key for s in side]
+        dup = {k for k in ks if ks.count(k) > 1}
+        if dup:
+            raise UsageError(f"{name}: {', '.join(sorted(dup))} given more than once")
+    if arms < 2 or arms % 2:
+        raise UsageError(f"--arms: expected an even number >= 2 (OFF/ON pairs), got {arms}")
+    if iters < 2:
+        raise UsageError(f"--iters: expected >= 2 measurements per arm (an sd needs two), got {iters}")
+    pairs, notes = ab_pairs(sp, expand(sp, quick=quick), offs, ons)
+    layers = sp.model.get("moe_layers")
+    for n in notes:
+        err.print(f"[yellow]{n}[/yellow]")
+    order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
+    if dry_run:
+        t = Table(title=f"{sp.name} A/B: {len(pairs)} cases x {arms} arms ({order}) x {iters} iterations",
+                  title_justify="left")
+        for c in ("case", "OFF case id", "ON case id"):
+            t.add_column(c)
+        for p in pairs:
+            t.add_row(p.text, p.off.id, p.on.id)
+        out.print(t)
+        out.print(f"OFF: {settings_text(offs)}; ON: {settings_text(ons)}; per-step projection: "
+                  + (f"x {layers} MoE layers ({sp.model_name})" if layers else "none (no moe_layers in the model)"))
+        return
+
+    from moebench.core.device import detect, require_triton, want_interpreter
+
+    if want_interpreter(False):
+        raise BackendError("ab needs timings and no CUDA device is visible (the interpreter on the CPU checks "
+                           "correctness only); run it on a GPU machine, or pass --dry-run for the plan")
+    require_triton()
+    device = detect(False)
+
+    from moebench.analysis import results_json_layout
+    from moebench.core.records import atomic_write_text, provenance
+    from moebench.core.session import Options, Session
+
+    def make_runner():
+        return Session(sp, device, Options(timing=sp.timing, time_it=True, traceback=STATE["verbose"]))
+
+    with Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
+        def step(a, side, i, p):
+            if a or i or p is not pairs[0]:
+                bar.advance()
+            bar.note(f"arm {a + 1} {side} i{i + 1} {p.text}")
+
+        records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step)
+        bar.advance()
+
+    t = sp.timing
+    timer_text = (f"Per-launch median of CUDA-graph replay ({t.launches_per_graph} launches per graph, L2 {t.l2}), "
+                  "one median per measurement.")
+    md = ab_markdown(spec_name=sp.name, device=device.name, off=offs, on=ons, arms=arms, iters=iters,
+                     pairs=pairs, layers=layers, timer_text=timer_text)
+    out.print(_ab_table(pairs, layers))
+    for p in pairs:
+        if p.stats is not None:
+            out.print(f"[bold]{p.text}[/bold]: {separation_text(p.stats)}. {noise_text(p.stats)} "
+                      f"{projection_text(per_step(p.stats.off_mean, p.stats.on_mean, layers))}", highlight=False)
+    out.print("\n--- markdown for the PR description ---", style="dim")
+    out.print(md, markup=False, highlight=False, soft_wrap=True)
+
+    stem = f"{sp.name}-ab" + ("-quick" if quick else "")
+    dest = out_dir / device.slug
+    ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
+              "moe_layers": layers,
+              "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
+                         "arms": [{"side": a.side, "values": a.values} for a in p.arms], "errors": p.errors,
+                         **({"off_mean": p.stats.off_mean, "on_mean": p.stats.on_mean, "delta_us": p.stats.delta,
+                             "sd_off": p.stats.sd_off, "sd_on": p.stats.sd_on, "separation": p.stats.separation,
+                             "margin_us": p.stats.margin, "effect": p.stats.effect} if p.stats else {})}
+                        for p in pairs]}
+    prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": ab_doc})
+    atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
+    atomic_write_text(dest / f"{stem}.md", md)
+    out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
+    failed = [p for p in pairs if p.errors]
+    for p in failed:
+        err.print(f"[red]failed[/red] {p.text}: {p.errors[0]}" + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1
+                                                                   else ""))
+    raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
+
+
+@app.command()
+def compare(
+    base: Path = typer.Argument(..., help="Results .json of the baseline run."),
+    new: Path = typer.Argument(..., help="Results .json of the run to judge."),
+    threshold: float = typer.Option(5.0, "--threshold", help="Smallest change worth flagging, in percent."),
+    fail_on_regression: bool = typer.Option(False, "--fail-on-regression",
+                                            help="Exit 1 when any case is SLOWER (for CI gating)."),
+    metric: str = typer.Option("median_us", "--metric", help="Timing column to compare."),
+):
+    """Per case (matched by case_id): SAME / FASTER / SLOWER / UNCLEAR.
+
+    d = (new - base) / base on the median; noise n = sqrt(nb² + nn²) from each row's rel_noise (the
+    ~95% half-width of its median, IQR-based). FASTER/SLOWER when |d| >= threshold and |d| > n;
+    SAME when |d| + n < threshold; UNCLEAR otherwise, or without a noise estimate.
+
+    rel_noise is the uncertainty within one run. Two runs of the same code differ by more: on an
+    H200, two back-to-back count-block sweeps differed by +9.9% at one cell (block 512, 4096
+    tokens) with ±0.14% noise. Gate CI with a threshold above the spread you see between runs,
+    and confirm a SLOWER with `moebench ab`."""
+    from moebench.analysis import read_results
+    from moebench.analysis.compare import compare_records
+
+    if not (0 < threshold < 1000):
+        raise UsageError(f"--threshold: expected a percentage > 0, got {threshold:g}")
+    pb, rb = read_results(base)
+    pn, rn = read_results(new)
+    rep = compare_records(rb, rn, threshold=threshold / 100, metric=metric)
+    db, dn = (pb.get("device") or {}).get("name"), (pn.get("device") or {}).get("name")
+    if db and dn and db != dn:
+        err.print(f"[yellow]BASE ran on {db}, NEW on {dn}: a cross-device comparison[/yellow]")
+    if pb.get("spec_sha256") and pn.get("spec_sha256") and pb["spec_sha256"] != pn["spec_sha256"]:
+        err.print("[yellow]the two runs come from different spec files (sha256 differs); cases are matched by "
+                  "case_id[/yellow]")
+    vary = rep.vary
+    t = Table(title=f"{base.name} → {new.name}: {metric}", title_justify="left")
+    for c in ["case", "variant"] + vary + ["BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]:
+        t.add_column(c, justify="right" if c.endswith(("µs", "%")) else "left")
+    colour = {"SAME": "", "FASTER": "green", "SLOWER": "red", "UNCLEAR": "yellow"}
+    for r in rep.rows:
+        v = r.verdict if not colour.get(r.verdict) else f"[{colour[r.verdict]}]{r.verdict}[/{colour[r.verdict]}]"
+        t.add_row(r.case_id, r.label, *[str(r.params.get(k)) for k in vary],
+                  num(r.base_us, ".3f"), num(r.new_us, ".3f"), f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
+                  f"{100 * r.noise:.2f}" if r.noise is not None else "—", v, r.note)
+    if rep.rows:
+        out.print(t)
+    for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
+        if recs:
+            out.print(f"Only in {name} ({len(recs)}): " + "; ".join(
+                f"{r.case_id} {r.label} {_params(r.params, vary)}" for r in recs[:20])
+                + (f"; ... {len(recs) - 20} more" if len(recs) > 20 else ""), highlight=False)
+    out.print(f"Rule: SLOWER/FASTER when |Δ| ≥ {threshold:g}% and |Δ| > noise; SAME when |Δ| + noise < "
+              f"{threshold:g}%; else UNCLEAR (moebench compare --help).", style="dim")
+    out.print(f"[bold]{rep.summary()}[/bold]", highlight=False)
+    if not rep.rows:
+        err.print("[yellow]no case_id appears in both files[/yellow]")
+    raise typer.Exit(1 if fail_on_regression and rep.regressions else 0)
+
+
+@app.command()
+def recommend(
+    results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a reference table."),
+    over: Optional[str] = typer.Option(None, "--over", help="Shape parameter(s) to take the worst case over, "
+                                       "comma-separated (default: the family's pivot columns, e.g. tokens)."),
+    by: Optional[str] = typer.Option(None, "--by", help="What is being chosen, comma-separated (default: the "
+                                     "variant and the varying launch parameters, e.g. block_size)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="How much each shape matters, e.g. "
+                                          "256=0.7,16384=0.3 (needs a single --over)."),
+    metric: str = typer.Option("median_us", "--metric", help="Time column (lower is better)."),
+    markdown: bool = typer.Option(False, "--markdown", help="Also print the tables as markdown."),
+):
+    """The robust configuration: worst-case regret (time / per-shape best - 1) of each configuration
+    across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too."""
+    from moebench.analysis import read_results
+    from moebench.analysis.recommend import explain, recommend_keys, regret_table
+    from moebench.families import catalogue
+
+    prov, records = read_results(results)
+    fam = catalogue().get(records[0].family)
+    ov, cfg, grp = recommend_keys(records, fam, _csv(over), _csv(by))
+    recs = regret_table(records, ov, cfg, grp, metric=metric, weights_text=weights)
+    name = prov.get("sweep") or Path(results).stem
+    dev = (prov.get("device") or {}).get("name")
+    for rec in recs:
+        title = (f"{name}: regret of {metric} across {', '.join(ov)}"
+                 + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "")
+                 + (f" on {dev}" if dev else ""))
+        head, rows = _regret_rows(rec)
+        t = Table(title=title, title_justify="left")
+        for i, h in enumerate(head):
+            t.add_column(h, justify="left" if i == 0 or h == "choice" else "right")
+        for row in rows:
+            t.add_row(*row)
+        out.print(t)
+        for line in explain(rec):
+            out.print(line, highlight=False)
+        if markdown:
+            out.print("")
+            out.print(md_table(head, rows), markup=False, highlight=False, soft_wrap=True)
+        out.print("")
+
+
+@app.command()
+def plot(
+    results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a reference table."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG to write (default: RESULTS with .png)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="A reference table to draw beside the "
+                                            "measurement, dashed (moebench/reference/NAME.yaml)."),
+    x: Optional[str] = typer.Option(None, "--x", help="Parameter on the (log2) x axis (default by family: "
+                                    "block_size for count, grid_cap for act)."),
+    series: Optional[str] = typer.Option(None, "--series", help="One line per value of this parameter (default "
+                                         "by family: tokens for count, live_rows for act)."),
+    metric: str = typer.Option("median_us", "--metric"),
+):
+    """Draw the results as curves: the block-size curve (count) or the occupancy curve, µs and × floor
+    against the grid cap (act), with an optional published reference beside them."""
+    from moebench.analysis import read_results
+    from moebench.analysis.reference import load_reference
+    from moebench.analysis.plot import plot_results
+
+    prov, records = read_results(results)
+    ref = load_reference(reference) if reference else None
+    if output is None:
+        if str(results).startswith("ref:"):
+            raise UsageError("-o: name the PNG to write when plotting a reference alone")
+        output = Path(results).with_suffix(".png")
+    if output.suffix.lower() != ".png":
+        raise UsageError(f"-o: expected a .png path, got {output}")
+    drawn = plot_results(records, prov, output, reference=ref, x=x, series=series, metric=metric)
+    what = f"{drawn.series} line(s), {drawn.points} point(s)"
+    if ref is not None:
+        what += f"; {ref.label} dashed, {drawn.reference_points} point(s)"
+    out.print(f"Wrote {drawn.path} — {drawn.title.split(': ', 1)[-1]}: {what}; panels: {', '.join(drawn.panels)}",
+              highlight=False)
+    for n in drawn.notes:
+        err.print(f"[yellow]{n}[/yellow]")
+
+
+# ============================================================================ helpers
+
+
+def _csv(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    return [s.strip() for s in text.split(",") if s.strip()] or None
+
+
+def _params(params: dict, keys: list[str]) -> str:
+    return ", ".join(f"{k}={params.get(k)}" for k in keys) if keys else ""
+
+
+def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
+    """Cells: the time, and its regret against the shape's best ("best" for the winner)."""
+    single = len(rec.over_keys) == 1
+    corner = " / ".join(rec.config_keys) + (f" \\ {rec.over_keys[0]}" if single else "")
+    head = [corner] + [str(s[0]) if single else rec.shape_text(s) for s in rec.shapes] + ["worst", "at"]
+    if rec.weights:
+        head.append("weighted")
+    head.append("choice")
+    rows = []
+    for c in rec.configs:
+        cells = [", ".join(str(v) for v in c.config)]
+        for s in rec.shapes:
+            t = c.times.get(s)
+            if t is None:
+                cells.append("✗")
+            elif rec.best[s][0] == c.config:
+                cells.append(f"{t:.2f} best")
+            else:
+                cells.append(f"{t:.2f} +{100 * c.regrets[s]:.1f}%")
+        cells.append(f"{100 * c.worst:.1f}%" if math.isfinite(c.worst) else "∞")
+        cells.append(str(c.worst_at[0]) if single and c.worst_at else rec.shape_text(c.worst_at))
+        if rec.weights:
+            cells.append(f"{100 * c.weighted:.1f}%" if c.weighted is not None and math.isfinite(c.weighted) else "∞")
+        mark = []
+        if c is rec.robust:
+            mark.append("robust")
+        if rec.weighted_choice is not None and c is rec.weighted_choice:
+            mark.append("weighted")
+        cells.append(", ".join(mark))
+        rows.append(cells)
+    return head, rows

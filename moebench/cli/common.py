@@ -1,0 +1,176 @@
+"""What every command module shares: the two consoles, the verbose flag, option parsers, the
+backend choice, and rendering a pivot as a terminal table. Printing lives in moebench.cli only."""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import contextmanager
+from typing import Iterator
+
+from rich.console import Console
+from rich.table import Table
+
+from moebench.errors import UsageError
+
+out = Console()
+err = Console(stderr=True)
+STATE = {"verbose": False}
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    from moebench.core.records import FORMATS
+
+    fs = tuple(f.strip() for f in text.split(",") if f.strip())
+    for f in fs:
+        if f not in FORMATS:
+            raise UsageError(f"--format: unknown format {f!r}; choose from {', '.join(FORMATS)}")
+    return fs
+
+
+def parse_cross(text: str | None) -> tuple[str, ...]:
+    from moebench.core.session import CROSS_CHECKS
+
+    if not text:
+        return ()
+    cs = tuple(c.strip() for c in text.split(",") if c.strip())
+    for c in cs:
+        if c not in CROSS_CHECKS:
+            raise UsageError(f"--cross-check: unknown check {c!r}; choose from {', '.join(CROSS_CHECKS)}")
+    return cs
+
+
+def select_backend(interpret: bool):
+    """The device a run uses: the CUDA device, or the Triton interpreter on the CPU (with
+    --interpret, TRITON_INTERPRET=1, or no CUDA device)."""
+    from moebench.core.device import detect, require_triton, want_interpreter
+
+    use_interp = want_interpreter(interpret)
+    if use_interp:
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+    require_triton()
+    return detect(use_interp)
+
+
+class Signalled(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so a run stops between cases and keeps what it finished."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    def handler(signum, _frame):
+        raise Signalled(signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def render_table(title: str, t, metric: str, corner: str) -> Table:
+    """A pivot (rows x columns of one metric) as a rich table; failed cells in red."""
+    from moebench.core.report import fmt
+
+    tab = Table(title=title or None, title_justify="left")
+    tab.add_column(corner, style="bold")
+    for c in t.columns:
+        tab.add_column(str(c), justify="right")
+    for key, row in t.iterrows():
+        key = key if isinstance(key, tuple) else (key,)
+        cells = []
+        for v in row:
+            s = fmt(v, metric)
+            cells.append(f"[red]{s}[/red]" if s.startswith("✗") else s)
+        tab.add_row(" ".join(str(k) for k in key), *cells)
+    return tab
+
+
+def print_pivots(spec, records, metric: str | None = None) -> None:
+    from moebench.core.report import pivots
+
+    pv = spec.pivot
+    metric = metric or pv.get("metric", "median_us")
+    rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
+    for title, t in pivots(records, rows, cols, metric, list(spec.family.params)):
+        out.print(render_table(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric,
+                               f"{rows} \\ {cols}"))
+
+
+class Bar:
+    """Progress of long work on stderr: a rich bar in a terminal; in a pipe (CI, a log file) a plain
+    line every `every` seconds with done/total, the current item and an ETA, so a long run is never
+    silent."""
+
+    def __init__(self, description: str, total: int, every: float = 5.0):
+        import time
+
+        self.description, self.total, self.every = description, total, every
+        self.done, self.item = 0, ""
+        self._clock = time.monotonic
+        self._t0 = self._last = self._clock()
+        self._rich = None
+        if err.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._rich = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TextColumn("{task.fields[item]}"), console=err, transient=True)
+            self._task = self._rich.add_task(description, total=total, item="")
+
+    def __enter__(self) -> "Bar":
+        if self._rich is not None:
+            self._rich.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._rich is not None:
+            self._rich.__exit__(*exc)
+
+    def note(self, item: str) -> None:
+        self.item = item
+        if self._rich is not None:
+            self._rich.update(self._task, item=item)
+        else:
+            self._line()
+
+    def describe(self, description: str) -> None:
+        self.description = description
+        if self._rich is not None:
+            self._rich.update(self._task, description=description)
+        else:
+            self._line(force=True)
+
+    def advance(self) -> None:
+        self.done += 1
+        if self._rich is not None:
+            self._rich.advance(self._task)
+        else:
+            self._line(force=self.done == self.total)
+
+    def _line(self, force: bool = False) -> None:
+        now = self._clock()
+        if not force and now - self._last < self.every:
+            return
+        self._last = now
+        elapsed = now - self._t0
+        eta = ""
+        if 0 < self.done < self.total:
+            eta = f", ETA {elapsed / self.done * (self.total - self.done):.0f} s"
+        err.print(f"{self.description}: {self.done}/{self.total} done, {elapsed:.0f} s{eta}"
+                  + (f"; now {self.item}" if self.item and self.done < self.total else ""),
+                  markup=False, highlight=False, soft_wrap=True)
+
+
+def print_failures(records, vary=()) -> None:
+    """One line per case that did not pass, on stderr: status, case id, label, the varying
+    parameters, the first line of the error."""
+    for r in records:
+        if r.status != "ok":
+            shown = ", ".join(f"{k}={v}" for k, v in r.params.items() if k in vary and v is not None)
+            err.print(f"{r.status}: {r.case_id} {r.label}" + (f" [{shown}]" if shown else "")
+                      + f": {r.error.splitlines()[0] if r.error else ''}", markup=False, highlight=False,
+                      soft_wrap=True)

@@ -1,0 +1,87 @@
+"""`moebench merge`: shard results (from --shard or a Slurm array) back into one results file.
+
+Thin, like the rest of the CLI: parse -> moebench.dist.merge.merge_results -> write -> one summary
+line. Runs without torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from moebench.cli.common import err, out, parse_formats, print_failures
+from moebench.errors import ExitCode, UsageError
+
+app = typer.Typer()
+
+
+def _destination(output: Optional[Path], files: list[Path]) -> tuple[Path, str]:
+    """-o OUT -> (directory, stem). OUT is a directory (the stem comes from the shard files, less
+    their .shardIofN), or a file path with or without .json/.csv/.md. Default: beside the first file."""
+    from moebench.dist.shards import unshard_stem
+
+    stem = unshard_stem(files[0].stem)
+    if output is None:
+        return files[0].parent, stem
+    if output.is_dir() or str(output).endswith(("/", "\\")):
+        return output, stem
+    if output.suffix in (".json", ".csv", ".md", ".parquet"):
+        output = output.with_suffix("")
+    return output.parent, output.name
+
+
+@app.command()
+def merge(
+    files: list[Path] = typer.Argument(..., help="Shard results .json files (e.g. OUT/DEVICE/NAME.shard*of4.json)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--out", help="Where to write: a directory, or a path "
+                                          "without suffix (default: beside the first file, without .shardIofN)."),
+    formats: str = typer.Option("csv,json,md", "--format", help="Comma list of csv,json,md,parquet."),
+):
+    """Merge shard results into one file. Shards must share the spec (sha256), the device class, the
+    matrix and the timing settings; a case in two files must have identical results. Exit 1 when a
+    case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
+    from moebench.dist.merge import merge_results
+    from moebench.families import catalogue
+    from moebench.core.records import ResultsWriter
+    from moebench.core.report import sweep_markdown, verdict_line
+
+    fmts = parse_formats(formats)
+    m = merge_results(files)
+    dest, stem = _destination(output, m.files)
+    inputs = {f.resolve() for f in m.files}
+    for suffix in fmts:
+        if (dest / f"{stem}.{suffix}").resolve() in inputs:
+            raise UsageError(f"-o: {dest / f'{stem}.{suffix}'} is one of the inputs; write the merge elsewhere")
+    prov = m.provenance
+    spec = m.spec
+    fam = spec.family if spec is not None else catalogue().get(m.records[0].family if m.records else "")
+    host_only = bool(fam and fam.host_only)
+    md = None
+    if spec is not None and "md" in fmts:
+        timed = bool(prov.get("timed"))
+        md = sweep_markdown(spec, m.records, prov, metric=None if timed or host_only else "ref_check")
+    paths = ResultsWriter(dest, stem, prov, fmts).finalize(m.records, complete=m.complete, markdown=md)
+
+    for note in m.notes:
+        err.print(f"[yellow]note: {note}[/yellow]", highlight=False, soft_wrap=True)
+    gaps = []
+    if m.missing_shards:
+        gaps.append(f"shard{'s' if len(m.missing_shards) > 1 else ''} "
+                    f"{', '.join(map(str, m.missing_shards))} of {m.shard_count} missing")
+    if m.missing_cases:
+        gaps.append(f"{m.missing_cases} case{'s' if m.missing_cases > 1 else ''} of the spec missing")
+    if m.incomplete_files:
+        gaps.append("unfinished: " + ", ".join(str(f) for f in m.incomplete_files))
+    line = (verdict_line(m.records) if not host_only
+            else f"{sum(r.status == 'ok' for r in m.records)}/{len(m.records)} cases evaluated")
+    dups = f", {m.duplicates} duplicate{'s' if m.duplicates != 1 else ''} kept once" if m.duplicates else ""
+    out.print(f"[bold]{prov.get('sweep')}: merged {len(m.files)} file{'s' if len(m.files) != 1 else ''}, "
+              f"{len(m.records)} records{dups}: {line}; "
+              f"{'complete' if m.complete else 'INCOMPLETE (' + '; '.join(gaps) + ')'}[/bold]", highlight=False,
+              soft_wrap=True)
+    print_failures(m.records)
+    out.print("Wrote " + ", ".join(str(p) for p in paths))
+    raise typer.Exit(ExitCode.OK if m.complete and all(r.status in ("ok", "unavailable") for r in m.records)
+                     else ExitCode.CASE_FAILED)

@@ -1,0 +1,149 @@
+"""Commands that read specs, the catalogue, the device or results files: `validate`, `list`, `show`,
+`render`, `device`. Every one but `device` runs without torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from moebench.cli.common import err, out, render_table, select_backend
+from moebench.errors import BackendError, UsageError
+
+app = typer.Typer()
+
+
+@app.command()
+def validate(paths: list[str] = typer.Argument(..., help="Spec files or names.")):
+    """Check specs (syntax, keys, values, expansion) without running anything."""
+    from moebench.core.cases import expand
+
+    from moebench.core.spec import load_spec
+
+    for p in paths:
+        spec = load_spec(p)
+        n = len(expand(spec))
+        nq = len(expand(spec, quick=True))
+        nv = f", verify {len(expand(spec, verify=True))}" if spec.verify else ""
+        out.print(f"{spec.path}: ok — {n} cases (quick {nq}{nv})")
+
+
+@app.command("list")
+def list_():
+    """Families, variants, built-in sweeps and model configs."""
+    from moebench.families import catalogue
+    from moebench.core.spec import builtin_models, builtin_sweeps
+
+    tab = Table(title="Families and variants", title_justify="left")
+    for c in ("family", "variant", "launch params", "what it is"):
+        tab.add_column(c)
+    for fam in catalogue().values():
+        tab.add_row(fam.name, "", "", fam.doc + (" (host-only)" if fam.host_only else ""), style="bold")
+        for v in fam.variants.values():
+            tab.add_row("", v.name, ", ".join(v.params), v.doc)
+    out.print(tab)
+    out.print("Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()))
+    out.print("Model configs: " + ", ".join(p.stem for p in builtin_models()))
+
+
+@app.command()
+def show(
+    results: Path = typer.Argument(..., help="A results .json file."),
+    rows: Optional[str] = typer.Option(None, "--rows"),
+    cols: Optional[str] = typer.Option(None, "--cols"),
+    metric: Optional[str] = typer.Option(None, "--metric"),
+    reference: Optional[str] = typer.Option(None, "--reference", help="A published table "
+                                            "(moebench/reference/NAME.yaml) to print beside the measurement."),
+):
+    """Print any results file as a PR-style pivot."""
+    from moebench.families import catalogue
+    from moebench.core.records import load_results
+    from moebench.core.report import frame, pivots
+
+    prov, records = load_results(results)
+    if not records:
+        raise UsageError(f"{results}: no records")
+    fam = catalogue().get(records[0].family)
+    pv = dict(fam.default_pivot) if fam else {}
+    rows = rows or pv.get("rows", "label")
+    cols = cols or pv.get("cols", "label")
+    metric = metric or pv.get("metric", "median_us")
+    df = frame(records)
+    for name, opt in (("--rows", rows), ("--cols", cols), ("--metric", metric)):
+        if opt not in df.columns:
+            raise UsageError(f"{name}: no column {opt!r} in {results}; columns: {', '.join(df.columns)}")
+    names = list(records[0].params)
+    tables = [("measured", title, t) for title, t in pivots(records, rows, cols, metric, names)]
+    ref = None
+    if reference:
+        from moebench.analysis.reference import beside_reference, load_reference
+
+        ref = load_reference(reference)
+        if ref.family != records[0].family:
+            raise UsageError(f"--reference: {ref.name} is a {ref.family!r} table; {results} is {records[0].family!r}")
+        tables = beside_reference(records, ref, rows, cols, metric, names)
+        if not tables:
+            raise UsageError(f"--reference: no cell of {ref.name} matches a {rows} x {cols} cell of {results}")
+    for kind, title, t in tables:
+        out.print(render_table(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""),
+                               t, "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"))
+    if ref is not None:
+        out.print(f"reference: {ref.title} — {ref.source}", highlight=False)
+    dev = prov.get("device", {}).get("name")
+    if dev:
+        out.print(f"device: {dev}; command: {prov.get('command')}")
+
+
+@app.command()
+def render(results: Path = typer.Argument(..., help="A results .json file; its .md is written beside it.")):
+    """Re-render a results file's markdown page with this version's report code (no re-run)."""
+    from moebench.core.records import atomic_write_text, load_results
+    from moebench.core.report import sweep_markdown
+    from moebench.core.spec import load_spec
+
+    prov, records = load_results(results)
+    if not records or "sweep" not in prov:
+        raise UsageError(f"{results}: no records or no provenance to render")
+    spec = load_spec(prov["sweep"])
+    if spec.sha256 != prov.get("spec_sha256"):
+        err.print(f"note: sweeps/{prov['sweep']}.yaml changed since {results} was written; "
+                  "its description and pivot are today's")
+    timed = any(r.timing.get("median_us") is not None for r in records)
+    md = sweep_markdown(spec, records, prov, metric=None if timed or spec.family.host_only else "ref_check")
+    dest = results.with_suffix(".md")
+    atomic_write_text(dest, md)
+    out.print(f"Wrote {dest}")
+
+
+@app.command()
+def device(
+    out_dir: Path = typer.Option(Path("results"), "--out", help="Where the ceilings cache lives."),
+    remeasure: bool = typer.Option(False, "--remeasure", help="Measure again even if cached."),
+):
+    """The GPU, its clocks, and the measured copy ceilings and empty-kernel floor."""
+    from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
+
+    info = select_backend(False)
+    if info.backend != "cuda":
+        raise BackendError("no CUDA device is visible: nothing to measure (kernels would run under the interpreter)")
+    clocks = nvml_clocks()
+    c = load_or_measure_ceilings(info, out_dir, remeasure=remeasure)
+    tab = Table(title=info.name, title_justify="left", show_header=False)
+    rows = [
+        ("SMs", info.sm_count), ("L2", f"{info.l2_bytes / 2**20:.0f} MiB"),
+        ("max threads / SM", info.max_threads_per_sm), ("memory", f"{info.total_mem_bytes / 2**30:.0f} GiB"),
+        ("compute capability", info.compute_capability),
+        ("SM clock now / max", f"{clocks['sm_mhz']} / {clocks['sm_max_mhz']} MHz"),
+        ("memory clock now / max", f"{clocks['mem_mhz']} / {clocks['mem_max_mhz']} MHz"),
+        ("driver / CUDA", f"{info.driver} / {info.cuda}"), ("torch / triton", f"{info.torch} / {info.triton}"),
+        ("copy, DRAM (2 GiB src)", f"{c['copy_dram_gbps']:,.0f} GB/s (read + write)"),
+        ("copy, L2-resident", f"{c['copy_l2_gbps']:,.0f} GB/s ({c['copy_l2_bytes'] / 2**20:.0f} MiB moved)"),
+        ("empty kernel, grid 1", f"{c['empty_us']:.3f} µs (graph replay)"),
+        (f"empty kernel, grid {info.sm_count}", f"{c['empty_sms_us']:.3f} µs (graph replay)"),
+    ]
+    for k, v in rows:
+        tab.add_row(k, str(v))
+    out.print(tab)
+    out.print(f"cached in {ceilings_path(out_dir, info)}")

@@ -1,0 +1,216 @@
+"""Expand a spec matrix into concrete cases: axes (cartesian) x zip groups x variants.
+
+A case is one (variant, full parameter set). Its id is a short hash of the family, the
+variant label and every resolved parameter, so it is stable across runs and across edits
+of a spec that leave the case itself unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from moebench.errors import SpecError
+from moebench.core.expr import ExprError, compile_expr, evaluate
+from moebench.families import REQUIRED
+from moebench.core.spec import Matrix, Spec
+from moebench.core.text import varying
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    variant: str
+    label: str
+    params: dict[str, Any]  # every parameter of the family; launch params the variant ignores are None
+    id: str
+    # where each value came from: "spec", "model NAME" or "default" (not part of the id)
+    origins: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def short(self, varying: tuple[str, ...] = ()) -> str:
+        keys = varying or tuple(self.params)
+        bits = ",".join(f"{k}={self.params[k]}" for k in keys if self.params.get(k) is not None)
+        return f"{self.label}[{bits}]"
+
+
+def case_id(family: str, label: str, params: dict[str, Any]) -> str:
+    blob = json.dumps([family, label, {k: v for k, v in sorted(params.items()) if v is not None}],
+                      sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def _product(axes: dict[str, list], zips: list[dict[str, list]]):
+    names = list(axes)
+    groups = [[dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]]
+    for z in zips:
+        n = len(next(iter(z.values())))
+        groups.append([{k: z[k][i] for k in z} for i in range(n)])
+    for parts in itertools.product(*groups):
+        out: dict[str, Any] = {}
+        for p in parts:
+            out.update(p)
+        yield out
+
+
+def count_product(m: Matrix) -> int:
+    """Upper bound on the cases before filters, computed without expanding."""
+    n = 1
+    for v in m.axes.values():
+        n *= len(v)
+    for z in m.zips:
+        n *= len(next(iter(z.values())))
+    total = 0
+    for ve in m.variants:
+        k = n
+        for v in ve.axes.values():
+            k *= len(v)
+        total += k
+    return total
+
+
+def _prefix(spec: Spec, quick: bool, verify: bool) -> str:
+    """The key path of the matrix being expanded, for error messages."""
+    if verify:
+        return "verify.quick." if quick and spec.verify_quick is not None else "verify."
+    return "quick." if quick and spec.quick is not spec.sweep else ""
+
+
+def _where_key(spec: Spec, m: Matrix, pre: str) -> str:
+    """Where the filters of `m` were written: an override level without its own `where` inherits one."""
+    for level, key in ((spec.verify, "verify."), (spec.sweep, "")):
+        if level is not None and level is not m and m.where and m.where is level.where:
+            return key + "where"
+    return pre + "where"
+
+
+def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool = False) -> list[Case]:
+    fam = spec.family
+    m = spec.matrix(quick=quick, verify=verify)
+    pre = _prefix(spec, quick, verify)
+    where_key = _where_key(spec, m, pre)
+    bound = count_product(m)
+    if bound > spec.max_cases and not force:
+        raise SpecError(spec.path, pre + "axes", f"expands to up to {bound} cases, over max_cases={spec.max_cases}; "
+                        "narrow the axes, raise max_cases, or pass --force")
+    wheres = [(compile_expr(w, fam.params), w) for w in m.where]
+    rules = [(compile_expr(r, fam.params), r, msg) for r, msg in fam.rules]
+
+    def check(tree, text: str, env: dict, params: dict, label: str, key: str) -> bool:
+        try:
+            return bool(evaluate(tree, env))
+        except ExprError as e:
+            names = sorted(tree_names(tree))
+            shown = ", ".join(f"{k}={env[k]!r}" for k in names)
+            ignored = [k for k in names if params.get(k) is None and fam.params[k].role == "launch"]
+            note = (f" ({', '.join(ignored)} not taken by {label!r}, so it reads as 0)" if ignored else "")
+            raise SpecError(spec.path, key, f"{text!r} cannot be evaluated for {label!r} with {shown}{note}: "
+                            f"{e}") from None
+
+    cases: list[Case] = []
+    seen: set[str] = set()
+    for ve in m.variants:
+        used = set(fam.variants[ve.variant].params)
+        for point in _product({**m.axes, **ve.axes}, m.zips):
+            params: dict[str, Any] = {}
+            origins: dict[str, str] = {}
+            for name, p in fam.params.items():
+                if p.role == "launch" and name not in used:
+                    params[name] = None
+                    continue
+                origin = "spec"
+                if name in ve.params:
+                    v = ve.params[name]
+                elif name in point:
+                    v = point[name]
+                elif name in m.fixed:
+                    v = m.fixed[name]
+                elif p.model_key and p.model_key in spec.model:
+                    v, origin = spec.model[p.model_key], f"model {spec.model_name}"
+                elif name == "seed":
+                    v = spec.seed
+                elif p.default is not REQUIRED:
+                    v, origin = p.default, "default"
+                else:
+                    hint = " or name a model config that has it" if p.model_key else ""
+                    raise SpecError(spec.path, pre + "fixed", f"parameter {name!r} has no value; set it in "
+                                    f"axes or fixed{hint} ({p.help})")
+                params[name] = v
+                origins[name] = origin
+            env = {k: (v if v is not None else 0) for k, v in params.items()}
+            if not all(check(tree, text, env, params, ve.label, where_key) for tree, text in wheres):
+                continue
+            for tree, text, msg in rules:
+                if not check(tree, text, env, params, ve.label, pre + "axes"):
+                    shown = ", ".join(f"{k}={params[k]}" for k in sorted(tree_names(tree)))
+                    raise SpecError(spec.path, where_key if m.where else pre + "axes",
+                                    f"{msg} ({text}) but a case has {shown}; add a where: filter "
+                                    f"such as {text!r}")
+            cid = case_id(fam.name, ve.label, params)
+            if cid in seen:
+                continue
+            seen.add(cid)
+            cases.append(Case(fam.name, ve.variant, ve.label, params, cid, origins))
+    if not cases:
+        shown = "; ".join(m.where)
+        raise SpecError(spec.path, where_key if m.where else pre + "axes",
+                        f"expands to 0 cases: every case is filtered out by {shown!r}" if m.where
+                        else "expands to 0 cases")
+    if len(cases) > spec.max_cases and not force:
+        raise SpecError(spec.path, pre + "axes", f"expands to {len(cases)} cases, over max_cases={spec.max_cases}; "
+                        "narrow the axes, raise max_cases, or pass --force")
+    return cases
+
+
+def tree_names(tree) -> set[str]:
+    import ast
+
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in ("min", "max")}
+
+
+def baseline_params(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of the spec's baseline launch at the shape of `params`: the shape values
+    as given; each launch parameter the baseline variant reads from the baseline entry, else the
+    sweep's `fixed`, else the family default; the others None."""
+    fam = spec.family
+    b = dict(spec.baseline or {})
+    takes = fam.variants[b.pop("variant")].params
+    out = {}
+    for name, p in fam.params.items():
+        if p.role != "launch":
+            out[name] = params.get(name)
+        elif name not in takes:
+            out[name] = None
+        else:
+            out[name] = b.get(name, spec.sweep.fixed.get(name, p.default))
+    return out
+
+
+def baseline_case(spec: Spec, case: Case) -> Case:
+    """The baseline launch at `case`'s shape, as a case of its own."""
+    variant = spec.baseline["variant"]
+    params = baseline_params(spec, case.params)
+    origins = {**case.origins, **{k: "baseline" for k in spec.baseline if k != "variant"}}
+    return Case(case.family, variant, variant, params, case_id(case.family, variant, params), origins)
+
+
+def is_baseline(spec: Spec, variant: str, params: dict[str, Any]) -> bool:
+    """Whether a case (its variant and parameters) is the spec's baseline launch at its shape."""
+    if not spec.baseline or variant != spec.baseline["variant"]:
+        return False
+    want = baseline_params(spec, params)
+    return all(params.get(k) == want[k] for k in spec.family.variants[variant].params)
+
+
+def shape_key(case: Case, shape_params: tuple[str, ...]) -> tuple:
+    """Cases with the same shape key see the same inputs."""
+    return tuple((k, case.params[k]) for k in shape_params)
+
+
+def varying_params(cases: list[Case]) -> tuple[str, ...]:
+    """Parameters that take more than one value across cases (for short labels and tables)."""
+    if not cases:
+        return ()
+    return tuple(varying([c.params for c in cases], list(cases[0].params)))

@@ -1,0 +1,230 @@
+"""Records -> tables. Long format in, PR-style pivots out (rows one parameter, columns another).
+
+Library code: returns DataFrames and strings; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from moebench.core.records import Record
+from moebench.core.text import md_table, ordered, varying
+
+STATUS_MARK = {"mismatch": "✗ mismatch", "error": "✗ error", "unavailable": "n/a"}
+
+
+def frame(records: list[Record]) -> pd.DataFrame:
+    """Long format. Parameter columns stay objects: a launch parameter a variant does not read is
+    None (not NaN, which would split groups and turn integer caps into floats)."""
+    df = pd.DataFrame([r.to_row() for r in records])
+    names = {k for r in records for k in r.params}
+    for c in df.columns:
+        if c in names:
+            df[c] = pd.Series([r.params.get(c) for r in records], index=df.index, dtype=object)
+    return df
+
+
+def pivots(records: list[Record], rows: str, cols: str, metric: str,
+           param_names: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """One pivot per combination of the other varying parameters. Cells hold the metric, or a
+    status mark for failed cases. Returns (title, table) pairs."""
+    df = frame(records)
+    if df.empty:
+        return []
+    if metric not in df.columns:
+        df[metric] = None
+    others = [c for c in varying([{"label": r.label, **r.params} for r in records], ["label"] + param_names)
+              if c in df.columns and c not in (rows, cols)]
+    row_keys = ([rows] if rows in df.columns else [])
+    if "label" in others:  # several variants: they become row groups, like the PR's "(before)" row
+        others.remove("label")
+        row_keys = ["label"] + row_keys
+    if "label" in row_keys or cols == "label":
+        # a parameter fixed by each variant entry is part of its label, not a reason to split tables
+        others = [c for c in others if not (df.groupby("label")[c].nunique(dropna=True) <= 1).all()]
+
+    def cell(r: pd.Series) -> Any:
+        if r["status"] != "ok":
+            return STATUS_MARK.get(r["status"], r["status"])
+        v = r[metric]
+        return None if pd.isna(v) else v
+
+    tables = []
+    groups = df.groupby(others, dropna=False, sort=True) if others else [((), df)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        title = ", ".join(f"{k}={v}" for k, v in zip(others, key))
+        idx = row_keys or ["label"]
+        col = cols if cols in g.columns else "label"
+        row_vals = ordered(tuple(t) for t in g[idx].itertuples(index=False, name=None))
+        col_vals = ordered((v,) for v in g[col])
+        cells = {(tuple(r[i] for i in idx), r[col]): cell(r) for _, r in g.iterrows()}
+        data = [[cells.get((rv, cv[0])) for cv in col_vals] for rv in row_vals]
+        shown = [tuple(_label(x) for x in rv) for rv in row_vals]
+        index = pd.MultiIndex.from_tuples(shown, names=idx) if len(idx) > 1 else pd.Index(
+            [rv[0] for rv in shown], name=idx[0], dtype=object)
+        t = pd.DataFrame(data, index=index, columns=pd.Index([cv[0] for cv in col_vals], name=col))
+        tables.append((title, t))
+    return tables
+
+
+def _label(x: Any) -> Any:
+    """An index value for display: None (a parameter the variant does not read) as an empty mark."""
+    if x is None or (isinstance(x, float) and pd.isna(x)):
+        return "·"
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    return x
+
+
+def fmt(v: Any, metric: str = "") -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if metric.endswith("_pct") or metric.startswith("x_"):
+            return f"{v:.2f}"
+        return f"{v:.2f}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> str:
+    head = [corner or " / ".join(str(n) for n in t.index.names)] + [str(c) for c in t.columns]
+    rows = [[" ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))] + [fmt(v, metric) for v in row]
+            for key, row in t.iterrows()]
+    return md_table(head, rows)
+
+
+def verdict(records: list[Record]) -> dict[str, int]:
+    n = len(records)
+    checked = [r for r in records if r.status in ("ok", "mismatch")]
+    return {
+        "cases": n,
+        "exact": sum(1 for r in checked if r.status == "ok"),
+        "mismatch": sum(1 for r in records if r.status == "mismatch"),
+        "error": sum(1 for r in records if r.status == "error"),
+        "checked": len(checked),
+    }
+
+
+def verdict_line(records: list[Record]) -> str:
+    """'2280/2280 exact' when every passing case equals the torch reference bit for bit; for bf16
+    kernels that pass within their stated ulp bound, says how many were exact and how many not."""
+    v = verdict(records)
+    ok = [r for r in records if r.status == "ok"]
+    inexact = [r for r in ok if r.checks.get("ref_check", "exact") != "exact"]
+    if inexact:
+        line = (f"{v['exact']}/{v['cases']} pass (every launch torch.equal to the baseline launch; "
+                f"{len(ok) - len(inexact)} exact against torch, {len(inexact)} within the stated ulp bound)")
+    else:
+        line = f"{v['exact']}/{v['cases']} exact"
+    if v["mismatch"]:
+        line += f", {v['mismatch']} mismatched"
+    if v["error"]:
+        line += f", {v['error']} failed to run"
+    return line
+
+
+def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | None = None) -> str:
+    """The results page: what ran, where, the verdict, the PR-style tables and the floors."""
+    pv = spec.pivot
+    metric = metric or pv.get("metric", "median_us")
+    dev = prov.get("device", {})
+    c = prov.get("ceilings", {}) or {}
+    out = [f"# {spec.name}", ""]
+    if spec.description:
+        out += [spec.description.strip(), ""]
+    host = spec.family.host_only
+    if host:
+        out.append("- Evaluated on the host: a model of the kernel's sizing, no kernel launched, nothing timed.")
+    else:
+        out.append(f"- Device: {dev.get('name')} ({dev.get('sm_count')} SMs, L2 {dev.get('l2_bytes', 0) / 2**20:.0f} "
+                   f"MiB), driver {dev.get('driver')}, CUDA {dev.get('cuda')}, torch {dev.get('torch')}, "
+                   f"triton {dev.get('triton')}")
+    out += [f"- Command: `{prov.get('command')}`",
+            f"- Spec: `{_rel(prov.get('spec_path'))}` sha256 {str(prov.get('spec_sha256'))[:12]}, seed {prov.get('seed')}, "
+            f"commit {prov.get('git_commit')}, {prov.get('timestamp')}"]
+    if not host:
+        out.append(f"- Correctness: **{verdict_line(records)}** (torch reference and `torch.equal` against the "
+                   f"baseline launch {_baseline_text(spec)})")
+    timed = [r for r in records if r.timing.get("median_us") is not None]
+    if timed:
+        t = prov.get("timing", {})
+        noise = [r.timing.get("rel_noise", 0) for r in timed]
+        out.append(f"- Timer: CUDA-graph replay, {t.get('launches_per_graph')} launches per graph, per-launch "
+                   f"median over replays (stop when the median's 95% half-width < {100 * t.get('target_rel_noise', 0):.1f}%"
+                   f" or {t.get('max_seconds')} s); worst achieved ±{100 * max(noise):.2f}%. L2: {t.get('l2')}.")
+        if c:
+            out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "
+                       f"{c.get('copy_l2_gbps', 0):,.0f} GB/s L2-resident (bytes read + written); empty kernel "
+                       f"{c.get('empty_us', 0):.2f} µs at grid 1, {c.get('empty_sms_us', 0):.2f} µs at grid = SMs.")
+    elif host:
+        pass
+    elif prov.get("matrix") == "verify":
+        out.append("- Timing: none — `verify` runs the correctness matrix only.")
+    elif dev.get("backend") == "interpret":
+        out.append("- Timing: none — this run had no CUDA device (Triton interpreter on the CPU checks "
+                   "correctness only).")
+    else:
+        out.append("- Timing: none in this run.")
+    out.append("")
+    rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
+    for title, t in pivots(records, rows, cols, metric, list(spec.family.params)):
+        out += [f"## {metric}" + (f" — {title}" if title else ""), "", markdown_table(t, metric, f"{rows} \\ {cols}"), ""]
+    # a family may add sections of its own (e.g. combine's band table), after the pivots
+    if spec.family.sections is not None:
+        out += [spec.family.sections(records), ""]
+    bad = [r for r in records if r.status != "ok"]
+    if bad:
+        out += ["## Failed cases", ""]
+        out += [f"- `{r.case_id}` {r.label} {_short_params(r)}: {r.status}: {r.error.splitlines()[0] if r.error else ''}"
+                for r in bad]
+        out.append("")
+    return "\n".join(out)
+
+
+def _rel(path) -> str:
+    """A spec path relative to the working directory when it is below it (results travel)."""
+    from pathlib import Path
+
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, TypeError):
+        return str(path)
+
+
+def _baseline_text(spec) -> str:
+    b = spec.baseline or {}
+    return ", ".join(f"{k}={v}" for k, v in b.items()) or "none"
+
+
+def _short_params(r: Record) -> str:
+    return ", ".join(f"{k}={v}" for k, v in r.params.items() if v is not None)
+
+
+def add_baseline_deltas(spec, records: list[Record]) -> None:
+    """Read every timed record against the baseline launch of the same shape: speedup, Δµs, and
+    the per-step projection Δµs x MoE layers (from the model config), like the seed PRs do."""
+    from moebench.core.cases import is_baseline
+
+    if not spec.baseline:
+        return
+    fam = spec.family
+    base_by_shape: dict[tuple, float] = {}
+    for r in records:
+        if r.status == "ok" and r.timing.get("median_us") is not None and is_baseline(spec, r.variant, r.params):
+            base_by_shape[tuple((k, r.params.get(k)) for k in fam.shape_params)] = r.timing["median_us"]
+    layers = spec.model.get("moe_layers") if spec.model else None
+    for r in records:
+        m = r.timing.get("median_us")
+        base = base_by_shape.get(tuple((k, r.params.get(k)) for k in fam.shape_params))
+        if m is None or base is None:
+            continue
+        r.work["baseline_us"] = base
+        r.work["speedup"] = round(base / m, 3) if m > 0 else None
+        r.work["delta_us"] = round(m - base, 4)
+        if layers:
+            r.work["per_step_delta_us"] = round((m - base) * layers, 2)

@@ -1,0 +1,623 @@
+"""Sweep specs: YAML -> a validated, typed `Spec`. No torch import.
+
+Every error names the file, the key path and what was expected, e.g.
+``sweeps/x.yaml: axes.block_size[2]: must be a power of two, got 96``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moebench.errors import SpecError
+from moebench.core.expr import ExprError, compile_expr
+from moebench.core.text import kind, show
+from moebench.families import FamilySpec, catalogue
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+# A spec is a page of YAML; anything this big is the wrong file (and reading /dev/zero never ends).
+MAX_SPEC_BYTES = 4 * 2**20
+# Values end up as kernel arguments and tensor sizes: they must fit a signed 64-bit integer.
+INT64_MAX = 2**63 - 1
+# Sweep names become result file names: no path separators, no surprises in a shell.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+TOP_KEYS = {
+    "name": "sweep name (string)",
+    "family": "kernel family",
+    "description": "free text",
+    "model": "model config name (configs/NAME.yaml)",
+    "variants": "list of variant names or {variant, label, params, axes}",
+    "baseline": "{variant: NAME, PARAM: VALUE...}: the launch every variant must equal bit-exactly",
+    "axes": "PARAM: [values...] (cartesian product)",
+    "zip": "list of {PARAM: [values...]} groups whose lists advance together",
+    "fixed": "PARAM: value",
+    "where": "filter expression(s) over parameters",
+    "quick": "overrides for the CI smoke shape: axes, zip, fixed, where, variants",
+    "pivot": "{rows: PARAM, cols: PARAM, metric: COLUMN}",
+    "timing": "timer settings",
+    "seed": "default input seed",
+    "verify": "correctness matrix: axes, zip, fixed, where, variants, quick",
+    "max_cases": "refuse to expand past this many cases without --force",
+}
+
+MODEL_KEYS = ("name", "num_experts", "topk", "hidden", "moe_ffn", "moe_layers", "ep", "local_experts")
+
+TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
+    # key: (type, min, max)
+    "launches_per_graph": (int, 1, 10000),
+    "warmup": (int, 0, 10000),
+    "min_replays": (int, 3, 1_000_000),
+    "max_replays": (int, 3, 1_000_000),
+    "max_seconds": (float, 0.001, 3600),
+    "target_rel_noise": (float, 0.0, 1.0),
+    "l2": (str, None, None),
+    "cold_l2_multiple": (float, 1.0, 100.0),
+    "clock_drop": (float, 0.0, 1.0),
+    "placements": (int, 1, 64),
+    "clock_retries": (int, 0, 5),
+}
+L2_MODES = ("warm", "cold")
+# the keys a matrix may have at each level (the top level is checked against TOP_KEYS)
+MATRIX_KEYS = ("axes", "zip", "fixed", "where", "variants")
+
+
+@dataclass
+class Timing:
+    # 200 launches per graph: on an H200 a 2 µs kernel reads 2.5% high at 50 (the graph's own
+    # launch cost amortised) and within 0.5% of 1000 at 200 (results/h200/TIMER.md)
+    launches_per_graph: int = 200
+    warmup: int = 5
+    min_replays: int = 20
+    max_replays: int = 4000
+    max_seconds: float = 1.0
+    target_rel_noise: float = 0.005
+    l2: str = "warm"
+    cold_l2_multiple: float = 3.0
+    clock_drop: float = 0.9  # flag a case whose SM clock ended below this fraction of max
+    placements: int = 8  # warm L2: independently allocated input/output sets rotated per graph
+    clock_retries: int = 0  # re-time a case whose clock fell below clock_drop, after a 1 s pause
+
+
+@dataclass
+class VariantEntry:
+    variant: str
+    label: str
+    params: dict[str, Any] = field(default_factory=dict)
+    axes: dict[str, list] = field(default_factory=dict)
+
+
+@dataclass
+class Matrix:
+    """What expands into cases: the sweep itself, its quick override, or the verify matrix."""
+
+    variants: list[VariantEntry]
+    axes: dict[str, list]
+    zips: list[dict[str, list]]
+    fixed: dict[str, Any]
+    where: list[str]
+
+
+@dataclass
+class Spec:
+    path: Path
+    name: str
+    family: FamilySpec
+    description: str
+    model_name: str | None
+    model: dict[str, Any]
+    baseline: dict[str, Any] | None
+    sweep: Matrix
+    quick: Matrix
+    verify: Matrix | None
+    verify_quick: Matrix | None
+    pivot: dict[str, str]
+    timing: Timing
+    seed: int
+    max_cases: int
+    sha256: str
+
+    def matrix(self, *, quick: bool = False, verify: bool = False) -> Matrix:
+        if verify:
+            if self.verify is None:
+                raise SpecError(self.path, "verify", "this spec has no verify matrix")
+            return self.verify_quick if (quick and self.verify_quick) else self.verify
+        return self.quick if quick else self.sweep
+
+
+# ----------------------------------------------------------------------------------- resolving
+
+
+def resolve_spec_path(name_or_path: str, root: Path | None = None) -> Path:
+    """NAME -> sweeps/NAME.yaml (cwd first, then the project root); a path is taken as is."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path or _exists(p):
+        return p
+    for base in ([root] if root else []) + [Path.cwd(), PACKAGE_ROOT]:
+        cand = base / "sweeps" / f"{name_or_path}.yaml"
+        if _exists(cand):
+            return cand
+    known = sorted({q.stem for base in (Path.cwd(), PACKAGE_ROOT) for q in (base / "sweeps").glob("*.yaml")})
+    raise SpecError(f"sweeps/{name_or_path}.yaml", "", "no such sweep; built-in sweeps: "
+                    + (", ".join(known) or "none") + _did_you_mean(name_or_path, known))
+
+
+def _exists(p: Path) -> bool:
+    try:
+        return p.exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
+
+
+def _builtin(folder: str) -> list[Path]:
+    """The YAML files of `folder` (sweeps, configs) in the project root and the working directory;
+    the project's own win a name clash."""
+    seen: dict[str, Path] = {}
+    for base in (PACKAGE_ROOT, Path.cwd()):
+        for q in sorted((base / folder).glob("*.yaml")):
+            seen.setdefault(q.stem, q)
+    return [seen[k] for k in sorted(seen)]
+
+
+def builtin_sweeps() -> list[Path]:
+    return _builtin("sweeps")
+
+
+def builtin_models() -> list[Path]:
+    return _builtin("configs")
+
+
+def read_yaml(path: Path) -> tuple[Any, bytes]:
+    try:
+        if not path.exists():
+            raise SpecError(path, "", "no such file")
+        if path.is_dir():
+            raise SpecError(path, "", "is a directory, expected a YAML file")
+        if not path.is_file():
+            raise SpecError(path, "", "not a regular file, expected a YAML file")
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError(path, "", f"{path.stat().st_size} bytes is too large for a spec "
+                            f"(at most {MAX_SPEC_BYTES}); is this the right file?")
+        data = path.read_bytes()
+    except OSError as e:
+        raise SpecError(path, "", f"cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. an embedded NUL byte in the path
+        raise SpecError(path, "", f"cannot read: {e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(path, "", f"not UTF-8 text (bad byte at offset {e.start})") from None
+    return parse_yaml(text, path), data
+
+
+class _SpecYamlLoader(yaml.SafeLoader):
+    """The safe loader, with a line number on values YAML itself cannot build (2024-13-01, !!int x)."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, OverflowError) as e:
+            shown = repr(node.value)[:40] if isinstance(node, yaml.ScalarNode) else node.tag
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {shown} as {node.tag.rsplit(':', 1)[-1]}: {e}", node.start_mark) from None
+
+
+def parse_yaml(text: str, path: Path) -> Any:
+    """One YAML document -> Python values. Duplicate keys and self-referencing aliases are errors
+    (PyYAML would keep the last duplicate silently and build a cyclic value)."""
+    loader = None
+    try:
+        loader = _SpecYamlLoader(text)  # refuses control characters right away
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_nodes(node, "", set(), set(), path)
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        if isinstance(e, yaml.reader.ReaderError):
+            where = f" at offset {e.position}"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        context = getattr(e, "context", None)
+        if context and not problem.startswith(context):
+            problem = f"{context}, {problem}"
+        raise SpecError(path, "", f"invalid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise SpecError(path, "", "invalid YAML: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_nodes(node: yaml.Node, key: str, active: set[int], done: set[int], path: Path) -> None:
+    if id(node) in active:
+        raise SpecError(path, key, "an alias refers to a value that contains it (a cycle)")
+    if id(node) in done:  # an alias to a value already checked: once is enough (and keeps this linear)
+        return
+    active.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[tuple[str, str], int] = {}
+        for k, v in node.value:
+            name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+            sub = f"{key}.{name}" if key else str(name)
+            if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE_TAG:
+                ident = (k.tag, k.value)
+                if ident in lines:
+                    raise SpecError(path, sub, f"key given twice (lines {lines[ident]} and "
+                                    f"{k.start_mark.line + 1}); keep one")
+                lines[ident] = k.start_mark.line + 1
+            _check_nodes(k, sub, active, done, path)
+            _check_nodes(v, sub, active, done, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _check_nodes(v, f"{key}[{i}]", active, done, path)
+    active.discard(id(node))
+    done.add(id(node))
+
+
+def load_model(name: str, spec_path: Path) -> tuple[dict[str, Any], bytes]:
+    known = [p.stem for p in builtin_models()]
+    if not NAME_RE.fullmatch(name):
+        raise SpecError(spec_path, "model", f"expected a model config name (configs/NAME.yaml), got {name!r}; "
+                        f"known: {', '.join(known) or 'none'}")
+    cands = [spec_path.resolve().parent.parent / "configs" / f"{name}.yaml",
+             Path.cwd() / "configs" / f"{name}.yaml", PACKAGE_ROOT / "configs" / f"{name}.yaml"]
+    path = next((c for c in cands if c.exists()), None)
+    if path is None:
+        raise SpecError(spec_path, "model", f"unknown model config {name!r}; known: "
+                        f"{', '.join(known) or 'none'}{_did_you_mean(name, known)}")
+    doc, data = read_yaml(path)
+    if not isinstance(doc, dict):
+        raise SpecError(path, "", f"expected a mapping of model values, got {kind(doc)}")
+    for k, v in doc.items():
+        if k not in MODEL_KEYS:
+            raise SpecError(path, str(k), f"unknown model key; expected one of {', '.join(MODEL_KEYS)}"
+                            + _did_you_mean(k, MODEL_KEYS))
+        if k == "name":
+            if not isinstance(v, str):
+                raise SpecError(path, k, f"expected a string, got {show(v)}")
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= INT64_MAX:
+            raise SpecError(path, str(k), f"expected a positive integer, got {show(v)}")
+    return doc, data
+
+
+# ----------------------------------------------------------------------------------- loading
+
+
+def _did_you_mean(word: Any, choices) -> str:
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class _Loader:
+    def __init__(self, path: Path, family: FamilySpec | None = None):
+        self.path = path
+        self.family = family
+
+    def fail(self, key: str, msg: str):
+        raise SpecError(self.path, key, msg)
+
+    def mapping(self, v: Any, key: str, what: str = "a mapping") -> dict:
+        if v is None:
+            self.fail(key, f"expected {what}, got nothing; give it values or delete the key")
+        if not isinstance(v, dict):
+            self.fail(key, f"expected {what}, got {show(v)}")
+        for k in v:
+            if not isinstance(k, str):
+                self.fail(key, f"keys must be strings, got {show(k)}")
+        return v
+
+    def keys(self, d: dict, key: str, allowed: dict | tuple) -> None:
+        for k in d:
+            if k not in allowed:
+                sub = f"{key}.{k}" if key else k
+                self.fail(sub, f"unknown key; expected one of {', '.join(allowed)}" + _did_you_mean(k, allowed))
+
+    def string(self, v: Any, key: str) -> str:
+        if not isinstance(v, str) or not v.strip():
+            self.fail(key, f"expected a non-empty string, got {show(v)}")
+        return v
+
+    def param_name(self, name: str, key: str) -> None:
+        if name not in self.family.params:
+            self.fail(key, f"unknown parameter of family {self.family.name!r}; expected one of "
+                      f"{', '.join(self.family.params)}" + _did_you_mean(name, self.family.params))
+
+    def value(self, name: str, v: Any, key: str) -> Any:
+        self.param_name(name, key)
+        p = self.family.params[name]
+        if p.type is float and isinstance(v, int) and not isinstance(v, bool):
+            if abs(v) > INT64_MAX:
+                self.fail(key, f"expected a number of sensible size, got {show(v)}")
+            v = float(v)
+        problem = p.check(v)
+        if problem:
+            self.fail(key, problem)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT64_MAX:
+            self.fail(key, f"must fit a signed 64-bit integer, got a {len(str(abs(v)))}-digit number")
+        if isinstance(v, float) and not math.isfinite(v):
+            self.fail(key, f"expected a finite number, got {v}")
+        return v
+
+    def axes(self, v: Any, key: str, unique: bool = True) -> dict[str, list]:
+        v = self.mapping(v, key, "a mapping PARAM: [values...]")
+        out = {}
+        for name, vals in v.items():
+            k = f"{key}.{name}"
+            self.param_name(name, k)
+            if isinstance(vals, dict):
+                self.fail(k, f"expected a list of values (or one value), got {show(vals)}")
+            if isinstance(vals, list):
+                if not vals:
+                    self.fail(k, "expected a non-empty list of values, got an empty list")
+                out[name] = [self.value(name, x, f"{k}[{i}]") for i, x in enumerate(vals)]
+            else:  # one value is a one-value axis
+                out[name] = [self.value(name, vals, k)]
+            if unique and len(set(map(repr, out[name]))) != len(out[name]):
+                self.fail(k, f"repeated values in {out[name]}; list each value once")
+        return out
+
+    def fixed(self, v: Any, key: str) -> dict[str, Any]:
+        v = self.mapping(v, key, "a mapping PARAM: value")
+        out = {}
+        for name, x in v.items():
+            if isinstance(x, list) and name in self.family.params:
+                self.fail(f"{key}.{name}", "expected one value, got a list; sweep several values under axes")
+            out[name] = self.value(name, x, f"{key}.{name}")
+        return out
+
+    def zips(self, v: Any, key: str) -> list[dict[str, list]]:
+        if not isinstance(v, list):
+            hint = "; write zip: [{a: [...], b: [...]}]" if isinstance(v, dict) else ""
+            self.fail(key, f"expected a list of {{PARAM: [values]}} groups, got {show(v)}{hint}")
+        out = []
+        for i, g in enumerate(v):
+            k = f"{key}[{i}]"
+            # a column may repeat a value (rows [16384, 16384] against live_rows [2048, 16384]);
+            # a whole row may not
+            grp = self.axes(g, k, unique=False)
+            if not grp:
+                self.fail(k, "expected at least one parameter")
+            lens = {n: len(x) for n, x in grp.items()}
+            if len(set(lens.values())) != 1:
+                shown = ", ".join(f"{n} has {m}" for n, m in lens.items())
+                self.fail(k, f"lists must have equal lengths to zip, got {shown}")
+            rows = list(zip(*(map(repr, x) for x in grp.values())))
+            for j, row in enumerate(rows):
+                if row in rows[:j]:
+                    shown = ", ".join(f"{n}={x[j]!r}" for n, x in grp.items())
+                    self.fail(k, f"entry {j} repeats an earlier one ({shown}); list each combination once")
+            out.append(grp)
+        return out
+
+    def where(self, v: Any, key: str) -> list[str]:
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, list):
+            self.fail(key, f"expected an expression or a list of them, got {show(v)}")
+        for i, e in enumerate(items):
+            try:
+                compile_expr(e, self.family.params)
+            except ExprError as err:
+                self.fail(f"{key}[{i}]" if isinstance(v, list) else key, str(err))
+        return list(items)
+
+    def variants(self, v: Any, key: str) -> list[VariantEntry]:
+        names = ", ".join(self.family.variants)
+        if not isinstance(v, list):
+            self.fail(key, f"expected a list of variants, got {show(v)}; family {self.family.name!r} has {names}")
+        if not v:
+            self.fail(key, f"expected at least one variant, got an empty list; family {self.family.name!r} "
+                      f"has {names}")
+        out, labels = [], set()
+        for i, item in enumerate(v):
+            k = f"{key}[{i}]"
+            if isinstance(item, str):
+                item = {"variant": item}
+            item = self.mapping(item, k, "a variant name or {variant, label, params, axes}")
+            self.keys(item, k, ("variant", "label", "params", "axes"))
+            if "variant" not in item:
+                self.fail(f"{k}.variant", f"missing; name a variant of family {self.family.name!r}: {names}")
+            name = self.string(item["variant"], f"{k}.variant")
+            if name not in self.family.variants:
+                self.fail(f"{k}.variant", f"unknown variant {name!r}; family {self.family.name!r} has "
+                          f"{names}" + _did_you_mean(name, self.family.variants))
+            label = self.string(item.get("label", name), f"{k}.label")
+            if label in labels:
+                self.fail(f"{k}.label", f"label {label!r} used twice; give each entry its own label")
+            labels.add(label)
+            params = self.fixed(item["params"], f"{k}.params") if "params" in item else {}
+            axes = self.axes(item["axes"], f"{k}.axes") if "axes" in item else {}
+            for pname in params:
+                if pname in axes:
+                    self.fail(f"{k}.axes.{pname}", f"{pname!r} is also set in {k}.params; set it in one place")
+            vs = self.family.variants[name]
+            for src, pnames in (("params", params), ("axes", axes)):
+                for pname in pnames:
+                    p = self.family.params[pname]
+                    if p.role == "launch" and pname not in vs.params:
+                        self.fail(f"{k}.{src}.{pname}", f"variant {name!r} does not take {pname!r}; it takes "
+                                  f"{', '.join(vs.params) or 'no launch parameters'}")
+            out.append(VariantEntry(name, label, params, axes))
+        return out
+
+    def matrix(self, d: dict, key: str, base: Matrix | None, allowed: tuple = MATRIX_KEYS) -> Matrix:
+        pre = f"{key}." if key else ""
+        if key:
+            self.keys(d, key, allowed)
+        variants = self.variants(d["variants"], pre + "variants") if "variants" in d else (
+            base.variants if base else None)
+        axes = self.axes(d["axes"], pre + "axes") if "axes" in d else {}
+        zips = self.zips(d["zip"], pre + "zip") if "zip" in d else []
+        fixed = self.fixed(d["fixed"], pre + "fixed") if "fixed" in d else {}
+        where = self.where(d["where"], pre + "where") if "where" in d else None
+        # within one level a parameter is set in one place only
+        seen: dict[str, str] = {}
+        groups = [("axes", axes), ("fixed", fixed)] + [(f"zip[{i}]", z) for i, z in enumerate(zips)]
+        for src, names in groups:
+            for n in names:
+                if n in seen:
+                    self.fail(f"{pre}{src}.{n}", f"{n!r} is also set in {pre}{seen[n]}; set it in one place")
+                seen[n] = src
+        # a launch parameter set here must be read by some variant, or its values would vanish in dedupe
+        for n, src in seen.items():
+            if self.family.params[n].role == "launch" and not any(
+                    n in self.family.variants[ve.variant].params for ve in variants):
+                takers = [v.name for v in self.family.variants.values() if n in v.params]
+                self.fail(f"{pre}{src}.{n}", f"no variant here takes {n!r} "
+                          f"({', '.join(ve.label for ve in variants)}); "
+                          f"it is read by {', '.join(takers) or 'no variant'}")
+        if base is not None:
+            # this level overrides the base: a name it sets, in any form, replaces the base's setting;
+            # everything else the base sets stays
+            for i, z in enumerate(base.zips):
+                hit = set(z) & set(seen)
+                if hit and hit != set(z):
+                    n = sorted(hit)[0]
+                    rest = ", ".join(sorted(set(z) - hit))
+                    self.fail(f"{pre}{seen[n]}.{n}", f"{n!r} is zipped with {rest} in the level this "
+                              f"overrides; set {rest} here too, or none of them")
+            axes = {**{k: v for k, v in base.axes.items() if k not in seen}, **axes}
+            fixed = {**{k: v for k, v in base.fixed.items() if k not in seen}, **fixed}
+            zips = [z for z in base.zips if not (set(z) & set(seen))] + zips
+            where = base.where if where is None else where
+        # a variant's own axes cannot sweep a parameter that advances in a zip group
+        zipped = {n: i for i, z in enumerate(zips) for n in z}
+        for i, ve in enumerate(variants):
+            for n in ve.axes:
+                if n in zipped:
+                    self.fail(f"{pre if 'variants' in d else ''}variants[{i}].axes.{n}",
+                              f"{n!r} advances in a zip group ({', '.join(zips[zipped[n]])}); "
+                              "a variant may fix it under params, not sweep it")
+        return Matrix(variants=variants, axes=axes, zips=zips, fixed=fixed, where=where or [])
+
+
+def load_spec(name_or_path: str) -> Spec:
+    path = resolve_spec_path(name_or_path)
+    doc, data = read_yaml(path)
+    L = _Loader(path)
+    if doc is None:
+        L.fail("", "empty file; a sweep spec needs at least name, family and variants")
+    if not isinstance(doc, dict):
+        L.fail("", f"expected a mapping of spec keys (name, family, variants, ...) at the top level, "
+               f"got {show(doc)}")
+    L.mapping(doc, "")
+    L.keys(doc, "", TOP_KEYS)
+    cat = catalogue()
+    for req, hint in (("name", "a sweep name"), ("family", f"a kernel family: {', '.join(cat)}"),
+                      ("variants", "a list of variant names")):
+        if req not in doc:
+            L.fail(req, f"missing; the spec needs {hint}")
+    name = L.string(doc["name"], "name")
+    if not NAME_RE.fullmatch(name):
+        L.fail("name", f"expected letters, digits, '.', '_' or '-' (it names the result files), got {name!r}")
+    fam_name = L.string(doc["family"], "family")
+    if fam_name not in cat:
+        L.fail("family", f"unknown family {fam_name!r}; known: {', '.join(cat)}" + _did_you_mean(fam_name, cat))
+    family = cat[fam_name]
+    L.family = family
+    description = doc.get("description", "") or ""
+    if not isinstance(description, str):
+        L.fail("description", f"expected a string, got {show(description)}")
+
+    h = hashlib.sha256(data)
+    model, model_name = {}, None
+    if "model" in doc:
+        model_name = L.string(doc["model"], "model")
+        model, mdata = load_model(model_name, path)
+        h.update(mdata)
+
+    seed = doc.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= INT64_MAX:
+        L.fail("seed", f"expected a non-negative integer, got {show(seed)}")
+
+    max_cases = doc.get("max_cases", 5000)
+    if isinstance(max_cases, bool) or not isinstance(max_cases, int) or not 1 <= max_cases <= INT64_MAX:
+        L.fail("max_cases", f"expected a positive integer, got {show(max_cases)}")
+
+    sweep = L.matrix(doc, "", None)
+    quick = sweep
+    if "quick" in doc:
+        qdoc = L.mapping(doc["quick"], "quick", f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
+        quick = L.matrix(qdoc, "quick", sweep)
+
+    verify = verify_quick = None
+    if "verify" in doc:
+        vdoc = L.mapping(doc["verify"], "verify", f"a mapping ({', '.join(MATRIX_KEYS + ('quick',))})")
+        verify = L.matrix(vdoc, "verify", Matrix(sweep.variants, {}, [], dict(sweep.fixed), []),
+                          MATRIX_KEYS + ("quick",))
+        if "quick" in vdoc:
+            vq = L.mapping(vdoc["quick"], "verify.quick", f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
+            verify_quick = L.matrix(vq, "verify.quick", verify)
+
+    baseline = None
+    if "baseline" in doc:
+        b = dict(L.mapping(doc["baseline"], "baseline", "a mapping {variant: NAME, PARAM: VALUE...}"))
+        if "variant" not in b:
+            L.fail("baseline.variant", f"missing; name a variant of {family.name!r}: {', '.join(family.variants)}")
+        vname = L.string(b.pop("variant"), "baseline.variant")
+        if vname not in family.variants:
+            L.fail("baseline.variant", f"unknown variant {vname!r}; family {family.name!r} has "
+                   f"{', '.join(family.variants)}" + _did_you_mean(vname, family.variants))
+        takes = family.variants[vname].params
+        params = {}
+        for k, v in b.items():
+            if k in family.params and (family.params[k].role != "launch" or k not in takes):
+                L.fail(f"baseline.{k}", f"the baseline may set only launch parameters of {vname!r}: "
+                       f"{', '.join(takes) or 'none'}")
+            params[k] = L.value(k, v, f"baseline.{k}")
+        baseline = {"variant": vname, **params}
+    elif not family.host_only:
+        L.fail("baseline", "missing; name the launch every variant must equal bit-exactly, "
+               "e.g. {variant: persistent, block_size: 1024}")
+
+    pivot = dict(family.default_pivot)
+    if "pivot" in doc:
+        pv = L.mapping(doc["pivot"], "pivot", "a mapping {rows: PARAM, cols: PARAM, metric: COLUMN}")
+        L.keys(pv, "pivot", ("rows", "cols", "metric"))
+        for k, v in pv.items():
+            pivot[k] = L.string(v, f"pivot.{k}")
+        for k in ("rows", "cols"):
+            if k in pivot and pivot[k] not in family.params and pivot[k] not in ("variant", "label"):
+                L.fail(f"pivot.{k}", f"expected a parameter of {family.name!r}, 'variant' or 'label'; "
+                       f"got {pivot[k]!r}" + _did_you_mean(pivot[k], family.params))
+
+    timing = Timing()
+    if "timing" in doc:
+        t = L.mapping(doc["timing"], "timing", f"a mapping of timer settings ({', '.join(TIMING_KEYS)})")
+        L.keys(t, "timing", TIMING_KEYS)
+        for k, v in t.items():
+            typ, lo, hi = TIMING_KEYS[k]
+            key = f"timing.{k}"
+            if typ is str:
+                if not isinstance(v, str) or v not in L2_MODES:
+                    L.fail(key, f"expected one of {', '.join(L2_MODES)}, got {show(v)}")
+            else:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and not isinstance(v, int)):
+                    L.fail(key, f"expected {'an integer' if typ is int else 'a number'}, got {show(v)}")
+                if (lo is not None and not lo <= v) or (hi is not None and not v <= hi):  # refuses NaN too
+                    L.fail(key, f"must be between {lo:g} and {hi:g}, got {show(v)}")
+            setattr(timing, k, typ(v))
+        if timing.max_replays < timing.min_replays:
+            L.fail("timing.max_replays", f"must be >= min_replays ({timing.min_replays}), got {timing.max_replays}")
+
+    return Spec(path=path, name=name, family=family, description=description, model_name=model_name,
+                model=model, baseline=baseline, sweep=sweep, quick=quick, verify=verify,
+                verify_quick=verify_quick, pivot=pivot, timing=timing, seed=seed, max_cases=max_cases,
+                sha256=h.hexdigest())

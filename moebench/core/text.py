@@ -1,0 +1,70 @@
+"""Small text helpers shared by messages, tables and pages. Pure Python, no dependencies."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+
+def kind(v: Any) -> str:
+    """What sort of value `v` is, as a phrase: 'a mapping', 'an integer', 'nothing (empty)'."""
+    if v is None:
+        return "nothing (empty)"
+    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
+            float: "a number", bool: "a boolean"}.get(type(v), type(v).__name__)
+
+
+def show(v: Any) -> str:
+    """A value as a short phrase for an error message: scalars as written, containers by kind."""
+    if v is None or isinstance(v, (dict, list, set, tuple)):
+        return kind(v) if not isinstance(v, (list, dict)) or v else f"an empty {kind(v)[2:]}"
+    if isinstance(v, bool):
+        return str(v).lower()
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def num(v: float | None, spec: str = ".2f") -> str:
+    """A number for a table cell; an em dash for none."""
+    return "—" if v is None else format(v, spec)
+
+
+def md_table(head: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(str(h) for h in head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not (isinstance(x, float) and math.isnan(x))
+
+
+def ordered(items: Iterable) -> list:
+    """Distinct items (scalars or tuples), sorted position by position: numbers in numeric order,
+    then anything else (labels, strings) in order of first appearance, so variants read in the
+    order the spec lists them; None last."""
+    seen = list(dict.fromkeys(items))
+    first: dict = {}
+    for t in seen:
+        for i, x in enumerate(t if isinstance(t, tuple) else (t,)):
+            first.setdefault((i, x), len(first))
+
+    def key(t):
+        t = t if isinstance(t, tuple) else (t,)
+        return tuple((0, float(x)) if _is_number(x) else (2, 0) if x is None else (1, first[(i, x)])
+                     for i, x in enumerate(t))
+
+    return sorted(seen, key=key)
+
+
+def varying(rows: Sequence[dict], names: Iterable[str]) -> list[str]:
+    """The names whose set (non-None) values differ across `rows`: a launch parameter a variant
+    does not read is None there, and that alone does not make it vary."""
+    out = []
+    for n in names:
+        values = {repr(r.get(n)) for r in rows if r.get(n) is not None and not (isinstance(r.get(n), float)
+                                                                               and math.isnan(r.get(n)))}
+        if len(values) > 1:
+            out.append(n)
+    return out

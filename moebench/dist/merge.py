@@ -1,0 +1,177 @@
+"""``moebench merge``: shard results (from --shard or a Slurm array) back into one results file.
+Torch-free: it reads records and the spec, never a kernel."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from moebench.errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from moebench.core.records import Record
+
+
+@dataclass
+class Merged:
+    """Shard results put back together."""
+
+    provenance: dict
+    records: list  # list[Record], in the spec's case order when the spec could be read
+    files: list[Path]
+    duplicates: int = 0  # identical records met more than once, kept once
+    shard_count: int | None = None  # N of the I/N the files carry, when they agree on it
+    missing_shards: list[int] = field(default_factory=list)
+    missing_cases: int | None = None  # None: the spec was not available to count them
+    incomplete_files: list[Path] = field(default_factory=list)
+    spec: Any = None  # the Spec, when its file is there with the same hash
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.incomplete_files and not self.missing_shards and not self.missing_cases
+
+
+# (what, how to read it from a provenance, how to show it): shards must agree on all of them
+_MUST_AGREE = (
+    ("spec sha256", lambda p: p.get("spec_sha256"), lambda v: str(v)[:12]),
+    ("device", lambda p: (p.get("device") or {}).get("name"), repr),
+    ("matrix", lambda p: f"{p.get('matrix', 'sweep')}{' (quick)' if p.get('quick') else ''}", str),
+    ("timing settings", lambda p: p.get("timing"), repr),
+    ("cross checks", lambda p: sorted(p.get("cross_checks") or []), repr),
+)
+
+
+def merge_results(paths: Sequence[Path]) -> Merged:
+    """Read shard result files and merge them, refusing inputs that are not shards of one run."""
+    from moebench.core.records import load_results
+
+    files: list[Path] = []
+    seen_paths: set[Path] = set()
+    for p in map(Path, paths):
+        if p.resolve() in seen_paths:
+            continue
+        seen_paths.add(p.resolve())
+        if p.suffix == ".jsonl":
+            raise UsageError(f"{p}: a partial stream of a run still going (or killed); pass the shard's .json "
+                             "(rerun the shard with --resume to write it)")
+        files.append(p)
+    if not files:
+        raise UsageError("merge: no results files given")
+    loaded = []
+    for p in files:
+        prov, recs = load_results(p)
+        if not prov.get("spec_sha256"):
+            raise UsageError(f"{p}: no provenance.spec_sha256; not a moebench results file")
+        loaded.append((p, prov, recs))
+
+    p0, prov0, _ = loaded[0]
+    for p, prov, _ in loaded[1:]:
+        for what, get, show in _MUST_AGREE:
+            a, b = get(prov0), get(prov)
+            if a != b:
+                raise UsageError(f"cannot merge: {what} differs: {p0} has {show(a)}, {p} has {show(b)}; "
+                                 "merge only shards of one sweep on one device class")
+
+    records: dict[str, Record] = {}
+    where: dict[str, Path] = {}
+    m = Merged(provenance={}, records=[], files=files)
+    for p, prov, recs in loaded:
+        for r in recs:
+            if r.case_id in records:
+                if records[r.case_id].to_json() == r.to_json():
+                    m.duplicates += 1
+                    continue
+                raise UsageError(f"cannot merge: case {r.case_id} ({r.label}) is in {where[r.case_id]} and in {p} "
+                                 "with different results; drop one of the files")
+            records[r.case_id] = r
+            where[r.case_id] = p
+        if prov.get("complete") is not True:
+            m.incomplete_files.append(p)
+
+    # shard coverage, from the shard numbers the files carry
+    shards = [tuple(prov["shard"]) for _, prov, _ in loaded if prov.get("shard")]
+    counts = {n for _, n in shards}
+    if len(shards) == len(loaded) and len(counts) == 1:
+        n = m.shard_count = counts.pop()
+        m.missing_shards = sorted(set(range(n)) - {i for i, _ in shards})
+    elif shards and len(counts) > 1:
+        m.notes.append(f"the files come from splits into {', '.join(map(str, sorted(counts)))} shards; "
+                       "coverage is checked by case id only")
+
+    # the spec, when its file is still there unchanged: case order, missing cases, baseline deltas, markdown
+    m.spec = _spec_of(prov0)
+    order: dict[str, int] = {}
+    if m.spec is not None:
+        from moebench.core.cases import expand
+
+        try:
+            expected = expand(m.spec, quick=bool(prov0.get("quick")), verify=prov0.get("matrix") == "verify",
+                              force=True)
+            order = {c.id: i for i, c in enumerate(expected)}
+            m.missing_cases = sum(1 for cid in order if cid not in records)
+        except Exception as e:  # noqa: BLE001 - the merge stands without the spec's case list
+            m.notes.append(f"could not expand {prov0.get('spec_path')}: {e}")
+    else:
+        m.notes.append(f"spec {prov0.get('spec_path')} is not here with sha256 {str(prov0['spec_sha256'])[:12]}: "
+                       "kept the files' record order; no markdown, no recomputed baseline deltas")
+    first_seen = {cid: i for i, cid in enumerate(records)}
+    m.records = sorted(records.values(),
+                       key=lambda r: (order.get(r.case_id, len(order)), first_seen[r.case_id]))
+    if m.spec is not None:
+        from moebench.core.report import add_baseline_deltas
+
+        add_baseline_deltas(m.spec, m.records)  # a shape's baseline may have run in another shard
+
+    commits = sorted({str(prov.get("git_commit")) for _, prov, _ in loaded})
+    if len(commits) > 1:
+        m.notes.append(f"the shards ran at different commits: {', '.join(commits)}")
+    m.provenance = _merged_provenance(loaded, commits)
+    return m
+
+
+def _spec_of(prov: dict):
+    """The spec a results file was made from, if its file is here with the same hash; else None."""
+    from moebench.errors import MoebenchError
+    from moebench.core.spec import load_spec
+
+    path = prov.get("spec_path")
+    if not path:
+        return None
+    try:
+        spec = load_spec(str(path))
+    except (MoebenchError, OSError):
+        return None
+    return spec if spec.sha256 == prov.get("spec_sha256") else None
+
+
+def _merged_provenance(loaded: list, commits: list[str]) -> dict:
+    prov0 = loaded[0][1]
+    base = {k: v for k, v in prov0.items() if k not in ("complete", "n_records")}
+
+    def num(prov: dict, key: str) -> float:
+        v = prov.get(key)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+    base.update({
+        "command": " ".join(["moebench"] + sys.argv[1:]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "shard": None,
+        "merged_from": [{
+            "file": str(p), "shard": prov.get("shard"), "complete": prov.get("complete"),
+            "n_records": len(recs), "timestamp": prov.get("timestamp"), "command": prov.get("command"),
+            "git_commit": prov.get("git_commit"), "sweep_wall_s": prov.get("sweep_wall_s"),
+            "compile_s_total": prov.get("compile_s_total"),
+        } for p, prov, recs in loaded],
+        # the shards ran side by side: the sweep took as long as the slowest; compiling added up
+        "sweep_wall_s": max(num(prov, "sweep_wall_s") for _, prov, _ in loaded),
+        "compile_s_total": round(sum(num(prov, "compile_s_total") for _, prov, _ in loaded), 3),
+        "jit_specializations": sum(int(num(prov, "jit_specializations")) for _, prov, _ in loaded),
+    })
+    if len(commits) > 1:
+        base["git_commits"] = commits
+    return base
+

@@ -1,0 +1,367 @@
+"""One worker process per GPU of this node (``--devices all|0,1,..``).
+
+Each worker pins its GPU (CUDA_VISIBLE_DEVICES, set before torch is imported), builds its own
+device info and Session, and asks the parent for the next case when it is free; records come back
+as they finish. The workers call the session; they never join the parts themselves. The module is
+torch-free at import: the workers import torch only after pinning their GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+
+from moebench.errors import BackendError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from moebench.core.cases import Case
+    from moebench.core.records import Record
+    from moebench.core.session import Options
+    from moebench.core.spec import Spec
+
+
+def _visible_gpus() -> list[str]:
+    """Names of the CUDA devices this process sees, in index order (empty without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def parse_devices(text: str) -> list[int]:
+    """``all`` or ``0,1,...`` -> the CUDA device indices to run on, one worker process each.
+
+    Indices are as this process sees them (inside CUDA_VISIBLE_DEVICES, if set). The GPUs must be
+    of one kind: one results file describes one device class."""
+    names = _visible_gpus()
+    t = (text or "").strip()
+    if t.lower() == "all":
+        if not names:
+            raise BackendError("--devices all: no CUDA device is visible")
+        picked = list(range(len(names)))
+    else:
+        picked = []
+        for part in t.split(","):
+            part = part.strip()
+            if not part.isdigit() or not part.isascii():
+                raise UsageError(f"--devices: expected all or a comma list of GPU indices like 0,1,3, got {text!r}")
+            d = int(part)
+            if d in picked:
+                raise UsageError(f"--devices: GPU {d} is listed twice; one worker per GPU")
+            picked.append(d)
+        if not names:
+            raise BackendError(f"--devices {t}: no CUDA device is visible")
+        for d in picked:
+            if d >= len(names):
+                raise UsageError(f"--devices: no GPU {d}; this process sees {len(names)} "
+                                 f"(0..{len(names) - 1})")
+    first = picked[0]
+    for d in picked[1:]:
+        if names[d] != names[first]:
+            raise UsageError(f"--devices: GPU {first} is {names[first]!r} but GPU {d} is {names[d]!r}; one "
+                             "results file holds one device class, so list GPUs of one kind")
+    return picked
+
+
+def run_on_devices(spec: "Spec", cases: Sequence["Case"], devices: Sequence[int], *,
+                   opts: "Options") -> Iterator["Record"]:
+    """Run cases on several GPUs of this node, one worker process per GPU; yield records as they finish
+    (in completion order). A worker that dies is reported as an error record for the case it held,
+    and the others drain the rest. The cases travel as they are, already expanded."""
+    if "torch" in sys.modules:  # what the parent cached (the ceilings' 4 GiB copy) is the workers' memory
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
+    keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
+    yield from _run_workers(spec.path, cases, keys, interpret=False, opts=opts, sweep=spec.name,
+                            spec_sha256=spec.sha256, labels=[f"GPU {d}" for d in devices])
+
+
+@dataclass
+class _Worker:
+    label: str
+    proc: Any  # multiprocessing Process
+    conn: Any  # the parent's end of the worker's pipe
+    held: str | None = None  # the case id the worker is running
+    started: bool = False  # sent "ready"
+    stopped: bool = False  # was sent the stop message
+    gone: bool = False  # exited (joined)
+    fatal: str | None = None  # why it could not start
+    leaving: str | None = None  # why it left early (a CUDA error that poisons its context)
+    done: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Sequence[str], interpret: bool, *,
+                 opts: "Options", sweep: str | None = None, spec_sha256: str | None = None,
+                 labels: Sequence[str] | None = None,
+                 _die_on: Mapping[str, int | str] | None = None) -> Iterator["Record"]:
+    """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
+
+    One spawned process per key: a CUDA_VISIBLE_DEVICES value (interpret=False) or just a name
+    (interpret=True: the kernels run under TRITON_INTERPRET=1, device info from detect(True)).
+    Each worker has its own pipe to this process and asks for work over it, so the parent always
+    knows which case a worker holds, and a worker killed at any moment cannot leave a shared queue
+    locked for the others. `_die_on` is for tests: case id -> exit code makes the worker that draws
+    that case exit with that code (a negative code: killed by that signal) instead of running it;
+    case id -> text makes it record that error instead (a CUDA error text: it leaves, as on a GPU).
+    """
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    from moebench.core.records import Record
+
+    if not cases:
+        return
+    if not worker_keys:
+        raise UsageError("--devices: no devices to run on")
+    if sweep is None or spec_sha256 is None:
+        from moebench.core.spec import load_spec
+
+        spec = load_spec(str(spec_path))
+        sweep, spec_sha256 = sweep or spec.name, spec_sha256 or spec.sha256
+    labels = list(labels) if labels is not None else [f"{'CPU' if interpret else 'GPU'} {k}" for k in worker_keys]
+    by_id = {c.id: c for c in cases}
+    pending = deque(c.id for c in cases)
+    payload = pickle.dumps((list(cases), opts))  # opened by the worker after it pins its GPU
+    ctx = mp.get_context("spawn")
+    workers: list[_Worker] = []
+
+    def dead_record(cid: str, why: str) -> Record:
+        c = by_id[cid]
+        return Record(sweep, c.family, c.id, c.variant, c.label, "error", error=why, params=dict(c.params))
+
+    def dispatch(w: _Worker) -> None:
+        """Hand the worker its next case, or tell it to stop when none is left."""
+        if w.gone or w.stopped:
+            return
+        nxt = pending.popleft() if pending else None
+        try:
+            w.conn.send(nxt)
+        except OSError:  # it died under us: the sentinel will say how
+            if nxt is not None:
+                pending.appendleft(nxt)
+            return
+        w.held = nxt
+        w.stopped = nxt is None
+
+    def handle(w: _Worker, msg: tuple) -> Iterator[Record]:
+        kind = msg[0]
+        if kind == "ready":
+            w.started = True
+            dispatch(w)
+        elif kind == "record":
+            rec = Record.from_json(msg[1])
+            rec.timing["worker"] = w.label  # which GPU timed it: per-GPU spreads stay traceable
+            w.held, w.done = None, w.done + 1
+            if msg[2]:  # it leaves after this case: hand it nothing more
+                w.leaving, w.stopped = msg[2], True
+            dispatch(w)  # keep it busy while the caller writes the record
+            yield rec
+        elif kind == "fatal":
+            w.fatal = msg[1]
+
+    try:
+        for key, label in zip(worker_keys, labels):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_worker_main, name=f"moebench-{label.replace(' ', '')}", daemon=True,
+                            args=(str(key), interpret, str(spec_path), spec_sha256, payload, child_end,
+                                  dict(_die_on or {})))
+            p.start()
+            child_end.close()
+            workers.append(_Worker(label, p, parent_end))
+        while not all(w.gone for w in workers):
+            live = [w for w in workers if not w.gone]
+            waitables = {}
+            for w in live:
+                waitables[w.proc.sentinel] = w
+                if w.conn is not None:
+                    waitables[w.conn] = w
+            for obj in wait(list(waitables)):
+                w = waitables[obj]
+                if w.gone:
+                    continue
+                if obj is w.conn:
+                    try:
+                        msg = w.conn.recv()
+                    except (EOFError, OSError):  # its end closed: it is exiting, the sentinel follows
+                        w.conn.close()
+                        w.conn = None
+                        continue
+                    yield from handle(w, msg)
+                    continue
+                # the process is gone: read what it sent before it went, then account for it
+                w.proc.join()
+                w.gone = True
+                while w.conn is not None:
+                    try:
+                        if not w.conn.poll():
+                            break
+                        msg = w.conn.recv()
+                    except (EOFError, OSError):
+                        break
+                    yield from handle(w, msg)
+                if w.conn is not None:
+                    w.conn.close()
+                    w.conn = None
+                code = w.proc.exitcode
+                if w.held is not None:
+                    yield dead_record(w.held, f"worker on {w.label} died ({_exit_text(code)})")
+                    w.held = None
+                elif w.leaving is not None:
+                    print(f"warning: worker on {w.label} left after {_cases(w.done)}: {w.leaving}; the other "
+                          "workers take its share", file=sys.stderr)
+                elif w.fatal is not None or (code != 0 and not w.stopped):
+                    why = w.fatal or _exit_text(code)
+                    when = "before running a case" if not w.done else f"after {_cases(w.done)}"
+                    print(f"warning: worker on {w.label} stopped {when}: {why}", file=sys.stderr)
+            # a worker that never got to say "ready" cannot be handed work, so all gone = all done
+        if pending:
+            if not any(w.started for w in workers):
+                raise BackendError("no worker started: " + "; ".join(
+                    f"{w.label}: {w.fatal or _exit_text(w.proc.exitcode)}" for w in workers))
+            why = "not run: every worker exited first (" + "; ".join(
+                f"{w.label}: {w.fatal or _exit_text(w.proc.exitcode)}" for w in workers) + ")"
+            while pending:
+                yield dead_record(pending.popleft(), why)
+    finally:
+        _shut_down(workers)
+
+
+def _cases(k: int) -> str:
+    return f"{k} case{'s' if k != 1 else ''}"
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"exit code {code}, {signal.Signals(-code).name}"
+        except ValueError:
+            return f"exit code {code}"
+    return f"exit code {code}"
+
+
+def _shut_down(workers: Iterable[_Worker]) -> None:
+    """Stop the workers still running (the pool was closed early: an interrupt, an error). Their
+    cases in flight would never be read, so there is nothing to wait for: SIGTERM, then SIGKILL."""
+    live = [w for w in workers if not w.gone]
+    for w in live:
+        if w.proc.is_alive():
+            w.proc.terminate()
+    for w in live:
+        w.proc.join(2.0)
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join()
+        if w.conn is not None:
+            w.conn.close()
+            w.conn = None
+        w.gone = True
+
+
+def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, payload: bytes, conn,
+                 die_on: dict[str, int | str]) -> None:
+    """One worker: pin the device, then run the cases the parent hands over until it says stop."""
+    # First, before anything imports torch: the device this process may see, or the interpreter.
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = key
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the workers
+    try:
+        cases, opts = pickle.loads(payload)
+        from moebench.core.device import detect
+        from moebench.core.records import Record
+        from moebench.core.session import Session
+        from moebench.core.spec import load_spec
+
+        spec = load_spec(spec_path)
+        if spec_sha256 and spec.sha256 != spec_sha256:
+            raise UsageError(f"{spec_path} changed since the sweep started (sha256 {spec.sha256[:12]}, "
+                             f"expected {spec_sha256[:12]})")
+        spec.timing = opts.timing  # the parent's (an --l2 override lives there)
+        device = detect(interpret)
+        clocks = None if interpret else _nvml_index()
+        session = Session(spec, device, opts)
+        if clocks is not None:
+            session.clock_index = clocks
+        by_id = {c.id: c for c in cases}
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which goes on without us
+        try:
+            conn.send(("fatal", f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
+        finally:
+            conn.close()
+        sys.exit(1)
+    conn.send(("ready", device.name))
+    while True:
+        try:
+            cid = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if cid is None:
+            break
+        hook = die_on.get(cid)
+        if isinstance(hook, int):  # test hook: die holding this case
+            if hook < 0:
+                os.kill(os.getpid(), -hook)
+            os._exit(hook)
+        if isinstance(hook, str):  # test hook: this case failed with this error
+            c = by_id[cid]
+            rec = Record(spec.name, c.family, c.id, c.variant, c.label, "error", error=hook, params=dict(c.params))
+        else:
+            rec = session.run_case(by_id[cid])
+        leaving = None
+        if rec.status == "error" and any(s in rec.error for s in STICKY_CUDA_ERRORS):
+            leaving = f"{rec.error.splitlines()[0]} (sticky: every later launch in this process would fail)"
+        try:
+            conn.send(("record", rec.to_json(), leaving))
+        except OSError:
+            return
+        if leaving:
+            break
+    conn.close()
+
+
+# CUDA errors after which a process's context is unusable: a worker that meets one hands its
+# record back and leaves, so that one faulting case does not fail every later case on its GPU.
+STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
+                      "device-side assert", "illegal instruction")
+
+
+def _nvml_index() -> int | None:
+    """This worker's GPU as NVML numbers it.
+
+    NVML numbers GPUs physically and ignores CUDA_VISIBLE_DEVICES, so index 0 would read the
+    node's first GPU from every worker. Find this GPU's NVML index by UUID; None where NVML or the
+    UUID is unavailable."""
+    from moebench.core import device as dev
+
+    nv = dev._nvml()
+    if nv is None:
+        return None
+    try:
+        import torch
+
+        want = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "").lower().removeprefix("gpu-")
+        if not want:
+            return None
+        for i in range(nv.nvmlDeviceGetCount()):
+            u = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))
+            u = (u.decode() if isinstance(u, bytes) else str(u)).lower().removeprefix("gpu-")
+            if u == want:
+                return i
+    except Exception:  # noqa: BLE001 - clocks are a diagnostic; a failed lookup must not stop the run
+        return None
+    return None

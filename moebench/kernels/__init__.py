@@ -1,1 +1,0 @@
-"""Kernel families: Triton kernels, launchers, torch references, input builders, variants."""

@@ -1,0 +1,422 @@
+"""Beyond one GPU, on the CPU: which shard a process runs (--shard, Slurm arrays, Slurm tasks), the
+cost-balanced split, the worker pool (two interpreter workers standing in for two GPUs, one of
+them dying), and `moebench merge` of shard files from real sweeps."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clirun import run_cli, small_count_spec
+from moebench import cli
+from moebench.dist import merge, workers
+from moebench.dist import shards as sh
+from moebench.core.cases import Case, expand
+from moebench.errors import BackendError, UsageError
+from moebench.core.session import Options
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _no_slurm(monkeypatch):
+    """Tests run the same inside a Slurm job: no SLURM_* variable leaks into a sweep."""
+    for k in list(os.environ):
+        if k.startswith("SLURM_"):
+            monkeypatch.delenv(k)
+
+
+# ============================================================================ parse_shard
+
+
+def test_shard_flag():
+    assert sh.parse_shard("0/2", {}) == (0, 2)
+    assert sh.parse_shard(" 3 / 4 ", {}) == (3, 4)
+    # one part is no split: the way to run a whole sweep inside an array job
+    assert sh.parse_shard("0/1", {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}) is None
+    # the flag wins over the environment
+    assert sh.parse_shard("1/3", {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4"}) == (1, 3)
+
+
+@pytest.mark.parametrize("text", ["3/2", "2/2", "0/0", "-1/2", "1", "a/b", "1/2/3", "", "١/٢"])
+def test_shard_flag_errors(text):
+    with pytest.raises(UsageError) as e:
+        sh.parse_shard(text, {})
+    assert str(e.value) == f"--shard: expected I/N with 0 <= I < N, got {text!r}"
+    assert "\n" not in str(e.value)
+
+
+def test_shard_from_slurm_array():
+    env = {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0",
+           "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    assert sh.parse_shard(None, env) == (2, 4)
+    # --array=1-4: ids 1..4 are shards 0..3
+    assert sh.parse_shard(None, {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "4",
+                                   "SLURM_ARRAY_TASK_MIN": "1"}) == (0, 4)
+    assert sh.parse_shard(None, {"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4",
+                                   "SLURM_ARRAY_TASK_MIN": "1"}) == (3, 4)
+    # --array=10-16:2: ids 10, 12, 14, 16
+    step = {"SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "10", "SLURM_ARRAY_TASK_STEP": "2"}
+    assert sh.parse_shard(None, {**step, "SLURM_ARRAY_TASK_ID": "14"}) == (2, 4)
+    # no COUNT (older Slurm): from MIN, MAX and STEP
+    assert sh.parse_shard(None, {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "0",
+                                   "SLURM_ARRAY_TASK_MAX": "3"}) == (3, 4)
+    # an array of one task is no split
+    assert sh.parse_shard(None, {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "1"}) is None
+
+
+def test_shard_from_slurm_tasks():
+    assert sh.parse_shard(None, {"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}) == (2, 4)
+    assert sh.parse_shard(None, {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a plain one-task job
+    assert sh.parse_shard(None, {"SLURM_PROCID": "0"}) is None
+    assert sh.parse_shard(None, {}) is None
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4"}, "SLURM_ARRAY_TASK_ID=5"),
+    ({"SLURM_ARRAY_TASK_ID": "11", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "10",
+      "SLURM_ARRAY_TASK_STEP": "2"}, "steps of 2"),  # --array=1,3,7-style lists have no index
+    ({"SLURM_ARRAY_TASK_ID": "0"}, "SLURM_ARRAY_TASK_COUNT is not"),
+    ({"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "4"}, "SLURM_ARRAY_TASK_ID='x'"),
+    ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, "SLURM_PROCID=4"),
+])
+def test_shard_env_errors(env, needle):
+    with pytest.raises(UsageError) as e:
+        sh.parse_shard(None, env)
+    assert needle in str(e.value) and "--shard I/N" in str(e.value)
+
+
+def test_shard_stem():
+    assert sh.shard_stem("count-block-quick", 1, 4) == "count-block-quick.shard1of4"
+    assert sh.unshard_stem("count-block-quick.shard1of4") == "count-block-quick"
+    assert sh.unshard_stem("count-block") == "count-block"
+
+
+# ============================================================================ partition
+
+
+def _case(i: int, buffer_tokens: int, tokens: int = 0, topk: int = 8) -> Case:
+    return Case("count", "persistent", "persistent",
+                {"buffer_tokens": buffer_tokens, "tokens": tokens, "topk": topk, "block_size": 128}, f"c{i:04d}")
+
+
+def test_estimate_cost_grows_with_the_shape():
+    small, big = _case(0, 512, 7), _case(1, 16384, 4096)
+    assert sh.estimate_cost(small) >= sh.CASE_OVERHEAD
+    assert sh.estimate_cost(big) - sh.CASE_OVERHEAD == (16384 + 4096) * 8
+    act = Case("act", "capped", "capped", {"op": "silu_mul_bounded", "rows": 1024, "live_rows": 256,
+                                            "ffn": 768, "in_cols": 0}, "a")
+    assert sh.estimate_cost(act) == sh.CASE_OVERHEAD + (1024 + 256) * (1536 + 768)
+    host = Case("combine", "new", "new", {"world": 8, "topk": 6}, "h")
+    assert sh.estimate_cost(host) == sh.CASE_OVERHEAD  # host-only: the overhead alone
+
+
+def _loads(shards):
+    return [sum(sh.estimate_cost(c) for c in s) for s in shards]
+
+
+def _check_split(cases, shards):
+    ids = [c.id for s in shards for c in s]
+    assert sorted(ids) == sorted(c.id for c in cases) and len(set(ids)) == len(ids)  # each case once
+    pos = {c.id: i for i, c in enumerate(cases)}
+    for s in shards:
+        assert [pos[c.id] for c in s] == sorted(pos[c.id] for c in s)  # original order kept
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=1, max_value=1 << 22), min_size=0, max_size=60),
+       n=st.integers(min_value=1, max_value=9))
+def test_partition_properties(sizes, n):
+    cases = [_case(i, b) for i, b in enumerate(sizes)]
+    shards = sh.partition(cases, n)
+    assert len(shards) == n
+    _check_split(cases, shards)
+    assert sh.partition(cases, n) == shards  # deterministic
+    if cases:  # the list-scheduling bound: no shard above the mean load plus the largest case
+        costs = [sh.estimate_cost(c) for c in cases]
+        assert max(_loads(shards)) <= sum(costs) / n + max(costs)
+
+
+def test_partition_skewed_costs_balance():
+    # one giant case, a few large ones, many small ones: the giant gets a shard of its own
+    cases = [_case(i, 256) for i in range(40)]
+    cases.insert(7, _case(100, 1 << 24))
+    cases += [_case(200 + i, 1 << 20) for i in range(6)]
+    shards = sh.partition(cases, 4)
+    _check_split(cases, shards)
+    giant = next(s for s in shards if any(c.id == "c0100" for c in s))
+    assert [c.id for c in giant] == ["c0100"]
+    rest = sorted(_loads([s for s in shards if s is not giant]))
+    costs = [sh.estimate_cost(c) for c in cases if c.id != "c0100"]
+    assert rest[-1] - rest[0] <= max(costs)  # the others within one case of each other
+    # balanced by cost, not by count: round-robin would put ~3x the work on its heaviest shard
+    rr = [cases[k::4] for k in range(4)]
+    assert max(_loads(shards)) < max(_loads(rr))
+
+
+def test_partition_edges():
+    cases = [_case(i, 64) for i in range(3)]
+    assert sh.partition(cases, 1) == [cases]
+    shards = sh.partition(cases, 5)
+    assert sum(len(s) for s in shards) == 3 and sum(not s for s in shards) == 2
+    with pytest.raises(UsageError):
+        sh.partition(cases, 0)
+
+
+def test_partition_independent_of_hash_seed():
+    code = ("from moebench.core.spec import load_spec; from moebench.core.cases import expand; from moebench.dist import shards as sh; "
+            "cs = expand(load_spec('count-block'), verify=True, quick=True); "
+            "print([[c.id for c in s] for s in sh.partition(cs, 3)])")
+    outs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(outs) == 1
+    from moebench.core.spec import load_spec
+
+    here = [[c.id for c in s] for s in sh.partition(expand(load_spec("count-block"), verify=True, quick=True), 3)]
+    assert outs.pop().strip() == str(here)
+
+
+# ============================================================================ devices
+
+
+def test_parse_devices(monkeypatch):
+    monkeypatch.setattr(workers, "_visible_gpus", lambda: ["NVIDIA H200"] * 4)
+    assert workers.parse_devices("all") == [0, 1, 2, 3]
+    assert workers.parse_devices("2, 0") == [2, 0]
+    for bad, needle in (("4", "no GPU 4; this process sees 4 (0..3)"), ("0,0", "listed twice"),
+                        ("", "expected all or a comma list"), ("0,x", "expected all or a comma list")):
+        with pytest.raises(UsageError) as e:
+            workers.parse_devices(bad)
+        assert needle in str(e.value)
+    monkeypatch.setattr(workers, "_visible_gpus", lambda: ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+    with pytest.raises(UsageError, match="one device class"):
+        workers.parse_devices("all")
+    monkeypatch.setattr(workers, "_visible_gpus", lambda: [])
+    for text in ("all", "0"):
+        with pytest.raises(BackendError, match="no CUDA device is visible"):
+            workers.parse_devices(text)
+
+
+def test_run_on_devices_pins_the_physical_gpu(monkeypatch):
+    """Indices are as this process sees them: inside CUDA_VISIBLE_DEVICES=3,5, GPU 1 is physical 5."""
+    seen = {}
+
+    def fake(spec_path, cases, keys, interpret, **kw):
+        seen.update(keys=list(keys), interpret=interpret, **kw)
+        return iter(())
+
+    monkeypatch.setattr(workers, "_run_workers", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    from moebench.core.spec import load_spec
+
+    spec = load_spec("count-block")
+    list(workers.run_on_devices(spec, [], [1, 0], opts=Options(timing=spec.timing)))
+    assert seen["keys"] == ["5", "3"] and seen["labels"] == ["GPU 1", "GPU 0"] and seen["interpret"] is False
+    assert seen["spec_sha256"] == spec.sha256
+
+
+# ============================================================================ the worker pool, on the CPU
+
+TINY = small_count_spec("tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from moebench.core.device import detect
+    from moebench.core.session import Session
+    from moebench.core.spec import load_spec
+
+    p = tmp_path_factory.mktemp("tiny") / "tiny.yaml"
+    p.write_text(TINY)
+    spec = load_spec(str(p))
+    cases = expand(spec)
+    opts = Options(timing=spec.timing, time_it=False)
+    runner = Session(spec, detect(True), opts)
+    return spec, cases, opts, {c.id: runner.run_case(c) for c in cases}
+
+
+def _same(a, b):
+    return (a.case_id, a.status, a.params, a.checks, a.launch, a.work) == \
+           (b.case_id, b.status, b.params, b.checks, b.launch, b.work)
+
+
+def test_two_workers_match_a_single_process_run(tiny):
+    spec, cases, opts, single = tiny
+    assert len(cases) == 12
+    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts))
+    assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)  # each case exactly once
+    for r in recs:
+        assert r.status == "ok", r.error
+        assert _same(r, single[r.case_id])
+        assert r.timing.get("median_us") is None  # no timings on the CPU
+        assert r.sweep == "tiny" and r.checks["ref_check"] == "exact"
+    assert {r.timing["worker"] for r in recs} <= {"CPU w0", "CPU w1"}  # each record names its worker
+
+
+def test_a_dying_worker_costs_its_case_only(tiny):
+    spec, cases, opts, single = tiny
+    victim = cases[2].id
+    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, _die_on={victim: 3}))
+    assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
+    dead = [r for r in recs if r.case_id == victim]
+    assert dead[0].status == "error" and dead[0].params == cases[2].params
+    assert dead[0].error in ("worker on CPU w0 died (exit code 3)", "worker on CPU w1 died (exit code 3)")
+    for r in recs:  # the survivor drained the rest of the queue
+        if r.case_id != victim:
+            assert r.status == "ok" and _same(r, single[r.case_id])
+
+
+def test_a_worker_leaves_after_a_sticky_cuda_error(tiny, capsys):
+    """After an illegal memory access every later launch in that process fails: the worker hands the
+    record back and leaves, and the other worker runs the rest."""
+    spec, cases, opts, single = tiny
+    fault = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, _die_on={cases[0].id: fault}))
+    assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
+    by = {r.case_id: r for r in recs}
+    assert by[cases[0].id].status == "error" and by[cases[0].id].error == fault
+    assert all(by[c.id].status == "ok" and _same(by[c.id], single[c.id]) for c in cases[1:])
+    err = capsys.readouterr().err
+    assert "left after 1 case: RuntimeError: CUDA error: an illegal memory access" in err
+
+
+def test_closing_the_pool_stops_its_workers(tiny):
+    """What an interrupted sweep does: stop reading after the first record; no worker outlives it."""
+    import multiprocessing as mp
+
+    spec, cases, opts, _ = tiny
+    gen = workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts)
+    first = next(gen)
+    assert first.case_id in {c.id for c in cases}
+    gen.close()
+    assert not [p for p in mp.active_children() if p.name.startswith("moebench-")]
+
+
+def test_no_worker_starts(tiny, capsys):
+    spec, cases, opts, _ = tiny
+    with pytest.raises(BackendError) as e:
+        list(workers._run_workers(spec.path, cases, ["w0"], True, opts=opts, sweep="tiny", spec_sha256="0" * 64))
+    assert str(e.value).startswith("no worker started: CPU w0: UsageError: ")
+    assert "changed since the sweep started" in str(e.value)
+
+
+# ============================================================================ merge
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """count-block --quick, unsharded and as shards 0/2 and 1/2, through the CLI."""
+    root = tmp_path_factory.mktemp("swept")
+
+    class Cap:  # run_cli wants capsys; a module fixture cannot have it
+        def readouterr(self):
+            return type("C", (), {"out": "", "err": ""})()
+
+    runs = {}
+    for name, extra in (("whole", []), ("s0", ["--shard", "0/2"]), ("s1", ["--shard", "1/2"])):
+        code, _, _ = run_cli(["sweep", "count-block", "--quick", "--out", str(root / name), *extra], Cap())
+        assert code == 0
+        d = root / name / "cpu-interpreter"
+        runs[name] = next(iter(sorted(d.glob("count-block-quick*.json"))))
+    return root, runs
+
+
+def _doc(p):
+    return json.loads(Path(p).read_text())
+
+
+def test_shard_files_and_merge_equal_the_whole_run(swept, tmp_path, capsys):
+    _, runs = swept
+    assert runs["s0"].name == "count-block-quick.shard0of2.json"
+    assert runs["s1"].name == "count-block-quick.shard1of2.json"
+    a, b, whole = _doc(runs["s0"]), _doc(runs["s1"]), _doc(runs["whole"])
+    assert a["provenance"]["shard"] == [0, 2] and b["provenance"]["shard"] == [1, 2]
+    assert a["records"] and b["records"]
+    code, out, err = run_cli(["merge", str(runs["s1"]), str(runs["s0"]), "-o", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "count-block: merged 2 files, 9 records: 9/9 exact; complete" in out
+    merged = _doc(tmp_path / "count-block-quick.json")
+    ids = [r["case_id"] for r in merged["records"]]
+    assert ids == [r["case_id"] for r in whole["records"]]  # the unsharded run's cases, in its order
+    for m, w in zip(merged["records"], whole["records"]):
+        assert (m["status"], m["checks"], m["params"]) == (w["status"], w["checks"], w["params"])
+    prov = merged["provenance"]
+    assert prov["complete"] is True and prov["n_records"] == 9 and prov["shard"] is None
+    assert [f["file"] for f in prov["merged_from"]] == [str(runs["s1"]), str(runs["s0"])]
+    assert prov["spec_sha256"] == whole["provenance"]["spec_sha256"]
+    assert (tmp_path / "count-block-quick.csv").read_text().count("\n") == 10
+    assert "9/9 exact" in (tmp_path / "count-block-quick.md").read_text()
+
+
+def test_merge_of_a_missing_shard_is_incomplete(swept, tmp_path, capsys):
+    _, runs = swept
+    code, out, _ = run_cli(["merge", str(runs["s0"]), "-o", str(tmp_path / "part")], capsys)
+    assert code == 1
+    assert "INCOMPLETE (shard 1 of 2 missing" in out and "cases of the spec missing" in out
+    assert _doc(tmp_path / "part.json")["provenance"]["complete"] is False
+
+
+def _edited(src: Path, dst: Path, edit) -> Path:
+    doc = _doc(src)
+    edit(doc)
+    dst.write_text(json.dumps(doc))
+    return dst
+
+
+@pytest.mark.parametrize("what, edit, shown", [
+    ("spec sha256", lambda d: d["provenance"].update(spec_sha256="f" * 64), "ffffffffffff"),
+    ("device", lambda d: d["provenance"]["device"].update(name="NVIDIA H200"), "'NVIDIA H200'"),
+])
+def test_merge_refuses_mixed_inputs(swept, tmp_path, capsys, what, edit, shown):
+    _, runs = swept
+    other = _edited(runs["s1"], tmp_path / "other.json", edit)
+    code, out, err = run_cli(["merge", str(runs["s0"]), str(other), "-o", str(tmp_path / "m")], capsys)
+    assert code == 2
+    line = err.strip()
+    assert "\n" not in line and line.startswith(f"error: cannot merge: {what} differs: ")
+    assert str(runs["s0"]) in line and str(other) in line and shown in line
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_merge_duplicates(swept, tmp_path, capsys):
+    _, runs = swept
+    copy = _edited(runs["s0"], tmp_path / "copy.json", lambda d: None)
+    code, out, _ = run_cli(["merge", str(runs["s0"]), str(runs["s1"]), str(copy), "-o", str(tmp_path / "m")],
+                           capsys)
+    assert code == 0 and "4 duplicates kept once" in out
+    assert len(_doc(tmp_path / "m.json")["records"]) == 9
+
+    def differ(d):
+        d["records"][0]["checks"]["ref_check"] = "mismatch at 3"
+
+    bad = _edited(runs["s0"], tmp_path / "bad.json", differ)
+    code, _, err = run_cli(["merge", str(runs["s0"]), str(bad), "-o", str(tmp_path / "m2")], capsys)
+    assert code == 2 and "with different results" in err and str(bad) in err
+
+
+def test_merge_refuses_to_overwrite_an_input(swept, capsys):
+    _, runs = swept
+    code, _, err = run_cli(["merge", str(runs["s0"]), "-o", str(runs["s0"])[: -len(".json")]], capsys)
+    assert code == 2 and "is one of the inputs" in err
+
+
+def test_sweep_takes_its_shard_from_a_slurm_array(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "5")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "4")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "3")
+    code, _, err = run_cli(["sweep", "count-block", "--quick", "--dry-run", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["sweep", "count-block", "--quick", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    doc = _doc(tmp_path / "cpu-interpreter" / "count-block-quick.shard1of3.json")
+    assert doc["provenance"]["shard"] == [1, 3]
+    from moebench.core.spec import load_spec
+
+    want = sh.partition(expand(load_spec("count-block"), quick=True), 3)[1]
+    assert [r["case_id"] for r in doc["records"]] == [c.id for c in want]
