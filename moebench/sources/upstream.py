@@ -1,0 +1,150 @@
+"""Upstream Megatron kernels, imported at run time where the user has them. Never copied here.
+
+Where they come from, first match wins:
+
+1. A Megatron-LM checkout named by ``--megatron-lm PATH`` or ``$MOEBENCH_MEGATRON_LM``. Its main
+   branch has all five seed kernels.
+2. The installed ``megatron-core`` package (``pip install 'moebench[upstream]'``; megatron-core
+   >= 0.17 needs Python >= 3.12). 0.19.2 has both count kernels and ``_squared_relu_kernel``, not yet
+   ``_silu_mul_bounded_kernel`` and ``_swiglu_kernel``.
+
+Importing ``megatron.core`` takes about 15 s on an H200 (it pulls in much of Megatron), so nothing
+is imported until a case needs a kernel, and then once per process. `status` answers without
+importing anything (no torch): it finds the source file and looks for the kernel's definition in
+its text, which is what `moebench list` shows. Whether the import then works (Megatron's own
+dependencies) is known only at run time; a failed import makes the case `unavailable` with the
+reason, never a failure.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moebench.errors import Unavailable
+
+ENV = "MOEBENCH_MEGATRON_LM"
+DIST = "megatron-core"
+
+# name -> (module, attribute): the upstream objects moebench variants launch
+KERNELS = {
+    "count_persistent": ("megatron.core.inference.moe.permute", "_count_local_tokens_kernel_persistent"),
+    "count": ("megatron.core.inference.moe.permute", "_count_local_tokens_kernel"),
+    "silu_mul_bounded": ("megatron.core.inference.moe.activations", "_silu_mul_bounded_kernel"),
+    "swiglu": ("megatron.core.inference.moe.activations", "_swiglu_kernel"),
+    "squared_relu": ("megatron.core.inference.moe.activations", "_squared_relu_kernel"),
+    "fused_moe": ("megatron.core.inference.moe.fused_moe", "mcore_fused_moe"),
+}
+
+HOW = (f"install megatron-core on Python >= 3.12 (pip install 'moebench[upstream]'), or point --megatron-lm "
+       f"or ${ENV} at a Megatron-LM checkout")
+
+
+@dataclass
+class Status:
+    name: str
+    module: str
+    attr: str
+    source: str | None  # "checkout PATH" | "megatron-core X.Y.Z" | None
+    present: bool  # the definition is in the source text
+    why: str = ""  # what is missing, and what to do
+
+
+def checkout() -> Path | None:
+    raw = os.environ.get(ENV, "").strip()
+    return Path(raw).expanduser() if raw else None
+
+
+def _installed_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(DIST)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _file_of(module: str, root: Path | None) -> tuple[Path | None, str | None]:
+    """The source file of `module` in a checkout (root) or the installed distribution, and how to
+    name that source."""
+    rel = Path(*module.split(".")).with_suffix(".py")
+    if root is not None:
+        return root / rel, f"checkout {root}"
+    version = _installed_version()
+    if version is None:
+        return None, None
+    from importlib import metadata
+
+    return Path(str(metadata.distribution(DIST).locate_file(rel))), f"{DIST} {version}"
+
+
+def status(name: str) -> Status:
+    """Where kernel `name` would come from, read from source text (no import, no torch)."""
+    module, attr = KERNELS[name]
+    root = checkout()
+    path, source = _file_of(module, root)
+    if path is None:
+        why = f"no Megatron source here: {HOW}"
+        if sys.version_info < (3, 12):
+            why += f" (this is Python {sys.version_info.major}.{sys.version_info.minor})"
+        return Status(name, module, attr, None, False, why)
+    if not path.is_file():
+        return Status(name, module, attr, source, False, f"{source} has no {module} ({path}); {HOW}")
+    text = path.read_text(errors="replace")
+    if f"def {attr}(" not in text:
+        have = sorted({a for _, (m, a) in KERNELS.items() if m == module and f"def {a}(" in text})
+        return Status(name, module, attr, source, False,
+                      f"{source} has no {attr} in {module}" + (f" (it has {', '.join(have)})" if have else "")
+                      + f"; {HOW}" + (" (Megatron-LM main has it)" if root is None else ""))
+    return Status(name, module, attr, source, True)
+
+
+_LOADED: dict[str, Any] = {}
+
+
+def load(name: str) -> Any:
+    """The upstream object `name` (a @triton.jit kernel, or a function), imported on first use.
+    Raises Unavailable with the reason and what to do when it cannot be had here."""
+    if name in _LOADED:
+        return _LOADED[name]
+    st = status(name)
+    if not st.present:
+        raise Unavailable(f"upstream {st.attr}: {st.why}")
+    root = checkout()
+    if root is not None:
+        have = sys.modules.get("megatron")
+        if have is not None and not any(Path(p).resolve().is_relative_to(root.resolve())
+                                        for p in getattr(have, "__path__", [])):
+            raise Unavailable(f"upstream {st.attr}: megatron is already imported from {list(have.__path__)}, not "
+                              f"from the checkout {root}; run in a fresh process")
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+    try:
+        obj = getattr(importlib.import_module(st.module), st.attr)
+    except Exception as e:  # noqa: BLE001 - Megatron's own imports can fail in many ways; all mean unavailable
+        raise Unavailable(f"upstream {st.attr}: importing {st.module} from {st.source} failed: "
+                          f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+    _LOADED[name] = obj
+    return obj
+
+
+def provenance() -> dict:
+    """What upstream source this process would use, for a results file."""
+    root = checkout()
+    if root is not None:
+        return {"megatron_lm": str(root), "megatron_lm_commit": _git_head(root)}
+    return {"megatron_core": _installed_version()}
+
+
+def _git_head(root: Path) -> str | None:
+    import subprocess
+
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        return r.stdout.strip() or None if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
