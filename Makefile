@@ -8,8 +8,10 @@ BIN     := $(VENV)/bin
 SMOKE   ?= $(VENV)/smoke-results
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
+# The GPU image's triton: the kernel tests also run under its interpreter (moebench.core.interpret)
+TRITON_OLD ?= triton==3.6.0
 
-.PHONY: install test unit smoke h200 clean
+.PHONY: install test unit compat smoke h200 clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +26,13 @@ install: $(BIN)/.installed
 unit: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+$(VENV)/triton-old/.installed: $(BIN)/.installed
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/triton-old $(TRITON_OLD)
+	touch $@
+
+compat: $(VENV)/triton-old/.installed
+	PYTHONPATH=$(VENV)/triton-old $(BIN)/python -m pytest -q -p no:cacheprovider tests/families
+
 smoke: install
 	rm -rf $(SMOKE)
 	$(BIN)/moebench validate sweeps/*.yaml
@@ -35,7 +44,7 @@ smoke: install
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
 
-test: unit smoke
+test: unit compat smoke
 
 # GPU only, a benchmark, not a test: every result under results/h200/ (TIMER.md included) from one
 # device session; copy $(OUT)/A/h200/* into results/h200/ afterwards.

@@ -6,6 +6,10 @@ import os
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ["TRITON_INTERPRET"] == "1":
+    from moebench.core import interpret
+
+    interpret.compat()  # triton <= 3.6 under NumPy 2 (the H200 image): see moebench.core.interpret
 
 
 def pytest_collection_modifyitems(config, items):

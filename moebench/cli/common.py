@@ -43,12 +43,13 @@ def parse_cross(text: str | None) -> tuple[str, ...]:
 def select_backend(interpret: bool):
     """The device a run uses: the CUDA device, or the Triton interpreter on the CPU (with
     --interpret, TRITON_INTERPRET=1, or no CUDA device)."""
+    from moebench.core import interpret as interpreter
     from moebench.core.device import detect, require_triton, want_interpreter
 
     use_interp = want_interpreter(interpret)
-    if use_interp:
-        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     require_triton()
+    if use_interp:
+        interpreter.enable()  # before any kernel module is imported
     return detect(use_interp)
 
 

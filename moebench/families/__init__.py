@@ -190,7 +190,7 @@ class FamilySpec:
         """The builder of a variant, importing the family's kernels module if needed."""
         v = self.variants[name]
         if v.builder is None and self.kernels:
-            importlib.import_module(self.kernels)
+            self.load()
         if v.builder is None:
             raise LookupError(f"variant {name!r} of {self.name!r} is declared but {self.kernels} registers no "
                               "builder for it")
@@ -220,6 +220,10 @@ class FamilySpec:
 
     def load(self):
         """Import the kernels module (torch, triton) and return it."""
+        from moebench.core import interpret
+
+        if interpret.active():
+            interpret.compat()
         return importlib.import_module(self.kernels) if self.kernels else None
 
 

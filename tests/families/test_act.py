@@ -74,17 +74,19 @@ def test_grid_policies_are_bit_exact(op):
     p = params(op=op)
     inp = act.build_inputs(p, "cpu")
     base = run("legacy", inp, p).output.clone()
-    for variant, cap in (("capped", 4), ("capped", 8192), ("shipped", None)):
+    for variant, cap in (("capped", 4), ("capped", 8192), ("live-bound", 4), ("live-bound", 8192),
+                         ("shipped", None)):
         b = run(variant, inp, dict(p, grid_cap=cap), {"MCORE_MOE_ACTIVATION_GRID_CAP": "8"})
         assert torch.equal(b.output, base), (variant, cap, b.geometry)
     assert b.geometry["num_blocks"] == 8
 
 
+@pytest.mark.parametrize("variant", ["capped", "live-bound"])
 @pytest.mark.parametrize("op", OPS)
-def test_rows_past_live_and_padding_rows_stay_poisoned(op):
+def test_rows_past_live_and_padding_rows_stay_poisoned(op, variant):
     p = params(op=op, pad_frac=0.3)
     inp = act.build_inputs(p, "cpu")
-    out = run("capped", inp, dict(p, grid_cap=4)).output
+    out = run(variant, inp, dict(p, grid_cap=4)).output
     V = p["live_rows"]
     assert poisoned(out[V:]).all()
     if op == "silu_mul_bounded":
@@ -153,15 +155,25 @@ def test_reset_poisons_the_whole_output():
     assert poisoned(inp.out_buf).all()
 
 
+@pytest.mark.parametrize("launcher", ["act_rows", "act_rows_live_bound"])
 @pytest.mark.parametrize("op", OPS)
-def test_inner_column_loop(op):
+def test_inner_column_loop(op, launcher):
     """N = 40 in 16-column chunks (three, the last masked) gives the same bits as one chunk."""
     p = params(op=op)
     inp = act.build_inputs(p, "cpu")
     whole = run("capped", inp, p).output.clone()
     inp.out_buf.view(torch.int16).fill_(act._POISON_BITS)
-    act.LAUNCHERS[op](inp, 4, 16, 4)()
+    getattr(act, launcher)(inp, 4, 16, 4)()
     assert torch.equal(inp.out, whole)
+
+
+def test_the_loop_bound_is_in_the_work_model():
+    """The seed kernel walks every row slot to the capacity M; live-bound stops at the live rows."""
+    p = params(rows=16384, live_rows=256, ffn=768)
+    geo = {"num_blocks": 512, "block_n": 1024, "num_warps": 4, "n_cols": 768, "in_cols": 1536}
+    assert act.work(p, dict(geo, loop_bound="capacity"), None)["loop_iters_per_cta"] == 32
+    assert act.work(p, dict(geo, loop_bound="live"), None)["loop_iters_per_cta"] == 1
+    assert act.work(dict(p, live_rows=0), dict(geo, loop_bound="capacity"), None)["loop_iters_per_cta"] == 0
 
 
 def test_in_cols_sets_the_widths():

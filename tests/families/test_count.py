@@ -38,7 +38,7 @@ def test_matches_bincount_and_every_geometry_agrees(routing, tokens, start):
     _, base = run("persistent", inp, p)
     assert count.check(inp, base, expected, p).ok
     for block in (16, 64, 128):
-        for variant in ("persistent", "nonpersistent", "prefetch", "privatized"):
+        for variant in ("persistent", "nonpersistent", "strided", "prefetch", "privatized"):
             q = {**p, "block_size": block, "grid": 0 if variant == "nonpersistent" else 3}
             _, out = run(variant, inp, q)
             assert torch.equal(out, base), (variant, block)
@@ -113,7 +113,7 @@ def test_geometry_and_work_model():
     p = {**BASE, "tokens": 256, "buffer_tokens": 16384, "block_size": 1024}
     inp = count.build_inputs(p, "cpu")
     b = build("persistent", inp, p)
-    assert b.geometry == {"grid": DEV.sm_count, "block_size": 1024, "num_warps": 4}
+    assert b.geometry == {"grid": DEV.sm_count, "block_size": 1024, "num_warps": 4, "chunking": "contiguous"}
     w = count.work(p, b.geometry, DEV)
     assert w["ctas_with_work"] == 2  # 2048 pairs / 1024: the PR's "2 do work"
     assert w["pairs_per_thread"] == 8  # 1024 pairs over 128 threads: the serialisation
@@ -128,7 +128,39 @@ def test_new_variants_exact_for_uneven_local_expert_counts(local):
     inp = count.build_inputs(p, "cpu")
     expected = count.reference(inp, p)
     assert int(expected.sum()) > 0
-    for variant in ("prefetch", "privatized", "persistent"):
+    for variant in ("prefetch", "privatized", "persistent", "strided", "nonpersistent"):
         for pre in (0, 1):
             _, out = run(variant, inp, {**p, "prefetch": pre})
             assert count.check(inp, out, expected, p).ok, variant
+
+
+def test_contiguous_runs_can_leave_programs_idle():
+    """Megatron's chunk assignment: ceil(C / P) chunks per program, so at 16384 tokens x 8 at
+    BLOCK 128 (1024 chunks) on 132 programs, runs of 8 cover them with 128 programs and 4 idle;
+    striding keeps all 132 busy. At decode both use the 2 chunks' worth of programs."""
+    assert count.programs_with_work(16384 * 8, 128, 132, "contiguous") == 128
+    assert count.programs_with_work(16384 * 8, 128, 132, "strided") == 132
+    assert count.programs_with_work(256 * 8, 1024, 132, "contiguous") == 2
+    assert count.programs_with_work(256 * 8, 1024, 132, "strided") == 2
+    assert count.programs_with_work(0, 128, 132, "contiguous") == 0
+
+
+@pytest.mark.parametrize("grid", [1, 3, 7, 132])
+def test_contiguous_assignment_covers_every_chunk_once(grid):
+    """The persistent kernel at grids that do and do not divide the chunk count: exact counts
+    (a chunk skipped or counted twice would show)."""
+    p = {**BASE, "tokens": 61, "block_size": 16, "grid": grid}
+    inp = count.build_inputs(p, "cpu")
+    _, out = run("persistent", inp, p)
+    assert count.check(inp, out, count.reference(inp, p), p).ok
+
+
+def test_upstream_variants_are_unavailable_without_megatron(monkeypatch):
+    from moebench.errors import Unavailable
+
+    monkeypatch.delenv("MOEBENCH_MEGATRON_LM", raising=False)
+    p = dict(BASE)
+    inp = count.build_inputs(p, "cpu")
+    for variant in ("upstream", "upstream-nonpersistent"):
+        with pytest.raises(Unavailable, match="MOEBENCH_MEGATRON_LM"):
+            build(variant, inp, p)

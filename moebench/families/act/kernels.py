@@ -6,15 +6,22 @@ this step, an int32 device scalar read in-kernel), N = output width (ffn), W = i
 (2N gate | up for silu_mul_bounded and swiglu, N for squared_relu), NB = NUM_BLOCKS.
 The padded ops also read P, an (M,) int32 permutation map in which -1 marks a padding row.
 
-CTA p handles rows p, p + NB, p + 2 NB, ... below V, each in BLOCK_N-column chunks: fp32 math,
-one bf16 rounding at the store. Rows >= V (and padding rows) are never written.
+The seed baselines (`capped`, `legacy`, `shipped`) follow Megatron's mechanism
+(megatron/core/inference/moe/activations.py): a CTA with pid >= V returns at once; the others
+loop row = pid, pid + NB, ... up to the capacity M, guarding each row with row < V (and, padded,
+P[row] >= 0); row offsets are row * W in 32-bit arithmetic; N and M are runtime arguments,
+BLOCK_N and NB constexprs. `live-bound` is moebench's first kernel: its loop stops at V, so a CTA
+does not walk the empty rows up to M, and it steps 64-bit row pointers. `upstream` launches
+Megatron's own kernels, imported at run time; `tiled` is a 2-D tiling of SiLU-mul.
 
-Every output element is a function of its own row's inputs only, with no cross-CTA
-reduction, so the row-to-CTA mapping cannot change a single bit: every NB is bit-exact with
-every other. Against the float32 torch reference the bound is 1 bf16 ulp: on the GPU the
-store rounds to nearest even like torch and only tl.sigmoid's fp32 rounding can differ (on an
-H200 with triton 3.6, 0 to 55 elements of 12.6M were 1 ulp off); the Triton interpreter
-converts fp32 -> bf16 by truncation, so there about half the elements sit 1 ulp below torch.
+Every row is processed in BLOCK_N-column chunks: fp32 math, one bf16 rounding at the store.
+Rows >= V (and padding rows) are never written. Every output element is a function of its own
+row's inputs only, with no cross-CTA reduction, so the row-to-CTA mapping cannot change a single
+bit: every NB is bit-exact with every other. Against the float32 torch reference the bound is 1
+bf16 ulp: on the GPU the store rounds to nearest even like torch and only tl.sigmoid's fp32
+rounding can differ (on an H200 with triton 3.6, 0 to 55 elements of 12.6M were 1 ulp off); the
+Triton interpreter converts fp32 -> bf16 by truncation, so there about half the elements sit 1
+ulp below torch.
 
 The kill switch: $MCORE_MOE_ACTIVATION_GRID_CAP=512 gives min(next_pow2(M), 512), which is the
 legacy min(M, 512) for every M >= 512 and every power-of-two M, but not for a smaller M that
@@ -30,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moebench.errors import Unavailable
 from moebench.families import Built, Check, cdiv, next_pow2
 from moebench.families.act import FAMILY, GATED_OPS, PADDED_OPS, widths
 
@@ -50,103 +58,82 @@ _ULP_BOUND = 1
 
 
 @triton.jit
-def _silu_mul_row(
-    x_row,  # (W,) bf16 pointer: gate in [0, N), up in [N, 2N)
+def _act_row(
+    x_row,  # (W,) bf16 pointer: gate in [0, N), up in [N, 2N) when GATED
     out_row,  # (N,) bf16 pointer
     n_cols,  # N
+    GATED: tl.constexpr,  # SiLU(gate) * up; else squared ReLU
     BLOCK_N: tl.constexpr,
 ):
-    for start in range(0, n_cols, BLOCK_N):
+    """One row in BLOCK_N-column chunks: fp32 math, one bf16 rounding at the store."""
+    for start in tl.range(0, n_cols, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         mask = offs < n_cols
-        g = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(x_row + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
-        y = g * tl.sigmoid(g) * u
+        if GATED:
+            g = tl.load(x_row + offs, mask=mask).to(tl.float32)
+            u = tl.load(x_row + n_cols + offs, mask=mask).to(tl.float32)
+            y = g * tl.sigmoid(g) * u
+        else:
+            r = tl.maximum(tl.load(x_row + offs, mask=mask).to(tl.float32), 0.0)
+            y = r * r
         tl.store(out_row + offs, y.to(tl.bfloat16), mask=mask)
 
 
 @triton.jit
-def _squared_relu_row(
-    x_row,  # (N,) bf16 pointer
-    out_row,  # (N,) bf16 pointer
+def _act_rows_kernel(
+    x_ptr,  # (M, W) bf16, token-major
+    out_ptr,  # (M, N) bf16; rows >= V and padding rows are left untouched
+    n_rows_ptr,  # (1,) int32 V, read on device (graph-safe)
+    perm_ptr,  # (M,) int32 permutation map, -1 = padding row (read when PADDED)
     n_cols,  # N
+    max_rows,  # M: the loop runs to the capacity
+    GATED: tl.constexpr,
+    PADDED: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
 ):
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + tl.arange(0, BLOCK_N)
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.maximum(x, 0.0)
-        tl.store(out_row + offs, (r * r).to(tl.bfloat16), mask=mask)
+    """Grid: (NUM_BLOCKS,), fixed at capture from M. A CTA with pid >= V returns at once; CTA p
+    visits rows p, p + NUM_BLOCKS, ... below M and works on those below V (and not padding)."""
+    pid = tl.program_id(0)
+    n_rows = tl.load(n_rows_ptr)
+    if pid >= n_rows:
+        return
+    in_stride = 2 * n_cols if GATED else n_cols
+    for row in tl.range(pid, max_rows, NUM_BLOCKS):
+        if row < n_rows:
+            if PADDED:
+                if tl.load(perm_ptr + row) >= 0:
+                    _act_row(x_ptr + row * in_stride, out_ptr + row * n_cols, n_cols, GATED, BLOCK_N)
+            else:
+                _act_row(x_ptr + row * in_stride, out_ptr + row * n_cols, n_cols, GATED, BLOCK_N)
 
 
 @triton.jit
-def _silu_mul_bounded_kernel(
-    x_ptr,  # (M, 2N) bf16, token-major: gate | up
-    out_ptr,  # (M, N) bf16; rows >= V are left untouched
-    live_rows_ptr,  # (1,) int32 V, read on device (graph-safe)
+def _act_rows_live_bound_kernel(
+    x_ptr,  # (M, W) bf16
+    out_ptr,  # (M, N) bf16; rows >= V and padding rows are left untouched
+    n_rows_ptr,  # (1,) int32 V
+    perm_ptr,  # (M,) int32 permutation map (read when PADDED)
     n_cols,  # N
-    in_stride,  # W = 2N
-    NUM_BLOCKS: tl.constexpr,
+    in_stride,  # W
+    GATED: tl.constexpr,
+    PADDED: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
 ):
     """Grid: (NUM_BLOCKS,), fixed at capture from M. CTA p handles rows p, p + NUM_BLOCKS, ...
-    below V."""
+    below V only: the loop bound is the live count, not the capacity."""
     pid = tl.program_id(0)
-    n_rows = tl.load(live_rows_ptr)
+    n_rows = tl.load(n_rows_ptr)
     # row pointers advance by a stride each iteration: 64-bit addresses without 64-bit row math
     x_row = x_ptr + pid.to(tl.int64) * in_stride
     out_row = out_ptr + pid.to(tl.int64) * n_cols
-    for _row in range(pid, n_rows, NUM_BLOCKS):
-        _silu_mul_row(x_row, out_row, n_cols, BLOCK_N)
-        x_row += NUM_BLOCKS * in_stride
-        out_row += NUM_BLOCKS * n_cols
-
-
-@triton.jit
-def _swiglu_padded_kernel(
-    x_ptr,  # (M, 2N) bf16: gate | up
-    out_ptr,  # (M, N) bf16; rows >= V and padding rows are left untouched
-    n_used_ptr,  # (1,) int32 V, read on device
-    perm_ptr,  # (M,) int32 permutation map; -1 = padding row
-    n_cols,  # N
-    in_stride,  # W = 2N
-    NUM_BLOCKS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Grid: (NUM_BLOCKS,), fixed at capture from M. CTA p handles rows p, p + NUM_BLOCKS, ...
-    below V whose map entry is not -1."""
-    pid = tl.program_id(0)
-    n_rows = tl.load(n_used_ptr)
-    x_row = x_ptr + pid.to(tl.int64) * in_stride
-    out_row = out_ptr + pid.to(tl.int64) * n_cols
-    for row in range(pid, n_rows, NUM_BLOCKS):
-        if tl.load(perm_ptr + row) >= 0:
-            _silu_mul_row(x_row, out_row, n_cols, BLOCK_N)
-        x_row += NUM_BLOCKS * in_stride
-        out_row += NUM_BLOCKS * n_cols
-
-
-@triton.jit
-def _squared_relu_padded_kernel(
-    x_ptr,  # (M, N) bf16
-    out_ptr,  # (M, N) bf16; rows >= V and padding rows are left untouched
-    n_used_ptr,  # (1,) int32 V, read on device
-    perm_ptr,  # (M,) int32 permutation map; -1 = padding row
-    n_cols,  # N
-    in_stride,  # W = N
-    NUM_BLOCKS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Grid: (NUM_BLOCKS,), fixed at capture from M. CTA p handles rows p, p + NUM_BLOCKS, ...
-    below V whose map entry is not -1."""
-    pid = tl.program_id(0)
-    n_rows = tl.load(n_used_ptr)
-    x_row = x_ptr + pid.to(tl.int64) * in_stride
-    out_row = out_ptr + pid.to(tl.int64) * n_cols
-    for row in range(pid, n_rows, NUM_BLOCKS):
-        if tl.load(perm_ptr + row) >= 0:
-            _squared_relu_row(x_row, out_row, n_cols, BLOCK_N)
+    for row in tl.range(pid, n_rows, NUM_BLOCKS):
+        if PADDED:
+            if tl.load(perm_ptr + row) >= 0:
+                _act_row(x_row, out_row, n_cols, GATED, BLOCK_N)
+        else:
+            _act_row(x_row, out_row, n_cols, GATED, BLOCK_N)
         x_row += NUM_BLOCKS * in_stride
         out_row += NUM_BLOCKS * n_cols
 
@@ -206,41 +193,58 @@ def _silu_mul_tiled_kernel(
 # ----------------------------------------------------------------------------------- launchers
 
 
-def silu_mul_bounded(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
-    args = (inp.x, inp.out, inp.live, inp.n_cols, inp.in_cols)
+def act_rows(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
+    """The seed kernel (capacity-bound loop, early exit), any op."""
+    args = (inp.x, inp.out, inp.live, _perm_arg(inp), inp.n_cols, inp.rows)
+    consts = dict(GATED=inp.op in GATED_OPS, PADDED=inp.op in PADDED_OPS, BLOCK_N=block_n, NUM_BLOCKS=num_blocks)
 
     def launch():
-        _silu_mul_bounded_kernel[(num_blocks,)](*args, NUM_BLOCKS=num_blocks, BLOCK_N=block_n,
-                                                num_warps=num_warps)
+        _act_rows_kernel[(num_blocks,)](*args, **consts, num_warps=num_warps)
 
     return launch
 
 
-def swiglu_padded(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
-    args = (inp.x, inp.out, inp.live, inp.perm, inp.n_cols, inp.in_cols)
+def act_rows_live_bound(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
+    args = (inp.x, inp.out, inp.live, _perm_arg(inp), inp.n_cols, inp.in_cols)
+    consts = dict(GATED=inp.op in GATED_OPS, PADDED=inp.op in PADDED_OPS, BLOCK_N=block_n, NUM_BLOCKS=num_blocks)
 
     def launch():
-        _swiglu_padded_kernel[(num_blocks,)](*args, NUM_BLOCKS=num_blocks, BLOCK_N=block_n,
-                                             num_warps=num_warps)
+        _act_rows_live_bound_kernel[(num_blocks,)](*args, **consts, num_warps=num_warps)
 
     return launch
 
 
-def squared_relu_padded(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
-    args = (inp.x, inp.out, inp.live, inp.perm, inp.n_cols, inp.in_cols)
+# Megatron's kernels by op, and their arguments by name (input, output, [map,] count, N, M); a
+# renamed argument upstream makes the variant unavailable with the reason.
+_UPSTREAM = {"silu_mul_bounded": ("silu_mul_bounded", ("input_ptr", "output_ptr", "n_rows_ptr", "N", "max_rows")),
+             "swiglu": ("swiglu", ("input_ptr", "output_ptr", "src_idx_ptr", "n_used_ptr", "N", "max_rows")),
+             "squared_relu": ("squared_relu", ("input_ptr", "output_ptr", "src_idx_ptr", "n_used_ptr", "N",
+                                               "max_rows"))}
+
+
+def act_rows_upstream(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
+    from moebench.sources import upstream
+
+    name, names = _UPSTREAM[inp.op]
+    kernel = upstream.load(name)
+    have = tuple(getattr(kernel, "arg_names", ()))
+    missing = [n for n in names + ("BLOCK_N", "NUM_BLOCKS") if n not in have]
+    if missing:
+        raise Unavailable(f"the upstream {inp.op} kernel's arguments are {', '.join(have) or 'unknown'}; moebench "
+                          f"launches it by name and misses {', '.join(missing)}")
+    values = (inp.x, inp.out, inp.live, inp.n_cols, inp.rows) if inp.op not in PADDED_OPS else (
+        inp.x, inp.out, inp.perm, inp.live, inp.n_cols, inp.rows)
+    kw = dict(zip(names, values))
 
     def launch():
-        _squared_relu_padded_kernel[(num_blocks,)](*args, NUM_BLOCKS=num_blocks, BLOCK_N=block_n,
-                                                   num_warps=num_warps)
+        kernel[(num_blocks,)](**kw, BLOCK_N=block_n, NUM_BLOCKS=num_blocks, num_warps=num_warps)
 
     return launch
 
 
-LAUNCHERS = {
-    "silu_mul_bounded": silu_mul_bounded,
-    "swiglu": swiglu_padded,
-    "squared_relu": squared_relu_padded,
-}
+def _perm_arg(inp: Inputs):
+    # the flat op reads no map; any int32 tensor will do for the unused pointer
+    return inp.perm if inp.perm is not None else inp.live
 
 
 def block_n(n_cols: int) -> int:
@@ -255,6 +259,11 @@ def capped_blocks(rows: int, cap: int) -> int:
 
 def legacy_blocks(rows: int) -> int:
     return min(rows, _LEGACY_BLOCKS)
+
+
+def tiled_programs(params: dict, tile_rows: int, tile_cols: int, n_cols: int) -> int:
+    """Programs of the tiled kernel: the tiles the capacity M could hold, capped by grid_cap."""
+    return max(1, min(params["grid_cap"], cdiv(params["rows"], tile_rows) * cdiv(n_cols, tile_cols)))
 
 
 # ----------------------------------------------------------------------------------- reference
@@ -280,6 +289,78 @@ def reference(inp: Inputs, params: dict) -> torch.Tensor:
     work = inp.work_rows
     exp[work] = activation_ref(x[work], inp.op, inp.n_cols)
     return exp
+
+
+def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
+    """bf16 -> int32 on a line where adjacent floats differ by 1 (sign-magnitude unfolded)."""
+    b = t.contiguous().view(torch.int16).to(torch.int32)
+    return torch.where(b < 0, -(b & 0x7FFF), b)
+
+
+def check(inp: Inputs, out: torch.Tensor, expected: torch.Tensor, params: dict) -> Check:
+    """Rows that do no work still hold the poison, bit for bit; every live row was written and
+    is within _ULP_BOUND bf16 ulps of the float32 torch reference."""
+    got = out.cpu()
+    bits = got.view(torch.int16)
+    work = inp.work_rows
+    problems = []
+    guards = torch.cat([inp.out_buf[:_GUARD_ROWS], inp.out_buf[-_GUARD_ROWS:]]).cpu()
+    if not bool((guards.view(torch.int16) == _POISON_BITS).all()):
+        problems.append("wrote outside the output (guard rows)")
+    stray = int((bits[~work] != _POISON_BITS).any(dim=1).sum())
+    if stray:
+        problems.append(f"{stray} rows past the live bound or padded were written")
+    unwritten = int((bits[work] == _POISON_BITS).all(dim=1).sum())
+    if unwritten:
+        problems.append(f"{unwritten}/{int(work.sum())} live rows never written")
+    live_out = got[work]
+    nan = int(torch.isnan(live_out).sum())
+    if nan:
+        problems.append(f"{nan} NaN elements in live rows")
+    ulps = (_ordered_bits(live_out) - _ordered_bits(expected[work])).abs()
+    worst = int(ulps.max()) if ulps.numel() else 0
+    differ = int((ulps > 0).sum())
+    spread = f"({differ}/{ulps.numel()} elems differ)"
+    if worst > _ULP_BOUND:
+        problems.append(f"max {worst} ulp > {_ULP_BOUND} {spread}")
+    if problems:
+        return Check(False, "; ".join(problems))
+    return Check(True, "exact" if worst == 0 else f"max {worst} ulp {spread}")
+
+
+def nonvacuity(inp: Inputs, out: torch.Tensor, params: dict) -> dict:
+    bits = out.cpu().view(torch.int16)
+    work = inp.work_rows
+    written = (bits != _POISON_BITS).any(dim=1)
+    live_out = out.cpu()[work]
+    return {
+        "rows_written": int(written.sum()),
+        "rows_poisoned_ok": int((~written & ~work).sum()),
+        "nonzero_out": int((live_out != 0).sum()),
+    }
+
+
+def work(params: dict, geometry: dict, device) -> dict:
+    """Byte and occupancy model. Rows that do work read W and write N bf16 values; the padded
+    ops read one map entry per row below V. The live-row scalar is counted once (every CTA
+    reads the same 4 bytes, an L2 hit after the first)."""
+    live = params["live_rows"]
+    padded = params["op"] in PADDED_OPS
+    active = live - padded_below(live, params["pad_frac"]) if padded else live
+    nb = geometry["num_blocks"]
+    # a capacity-bound loop visits every row slot below M (each live CTA walks cdiv(M, NB) of
+    # them, guarding with row < V); a live-bound loop stops at V
+    bound = params["rows"] if geometry.get("loop_bound") == "capacity" else live
+    return {
+        "bytes": active * (geometry["in_cols"] + geometry["n_cols"]) * 2 + 4 + (live * 4 if padded else 0),
+        "ctas": nb,
+        "ctas_with_work": min(nb, active),
+        "threads_per_cta": geometry["num_warps"] * 32,
+        "rows_active": active,
+        "rows_per_cta": cdiv(live, nb),
+        "loop_iters_per_cta": cdiv(bound, nb) if live else 0,
+        "col_blocks": cdiv(geometry["n_cols"], geometry["block_n"]),
+    }
 
 
 # ----------------------------------------------------------------------------------- inputs
@@ -355,77 +436,6 @@ def touched_bytes(params: dict) -> int:
     return live * (in_cols + n_cols) * 2 + 4 + maps
 
 
-# ----------------------------------------------------------------------------------- checks
-
-
-def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
-    """bf16 -> int32 on a line where adjacent floats differ by 1 (sign-magnitude unfolded)."""
-    b = t.contiguous().view(torch.int16).to(torch.int32)
-    return torch.where(b < 0, -(b & 0x7FFF), b)
-
-
-def check(inp: Inputs, out: torch.Tensor, expected: torch.Tensor, params: dict) -> Check:
-    """Rows that do no work still hold the poison, bit for bit; every live row was written and
-    is within _ULP_BOUND bf16 ulps of the float32 torch reference."""
-    got = out.cpu()
-    bits = got.view(torch.int16)
-    work = inp.work_rows
-    problems = []
-    guards = torch.cat([inp.out_buf[:_GUARD_ROWS], inp.out_buf[-_GUARD_ROWS:]]).cpu()
-    if not bool((guards.view(torch.int16) == _POISON_BITS).all()):
-        problems.append("wrote outside the output (guard rows)")
-    stray = int((bits[~work] != _POISON_BITS).any(dim=1).sum())
-    if stray:
-        problems.append(f"{stray} rows past the live bound or padded were written")
-    unwritten = int((bits[work] == _POISON_BITS).all(dim=1).sum())
-    if unwritten:
-        problems.append(f"{unwritten}/{int(work.sum())} live rows never written")
-    live_out = got[work]
-    nan = int(torch.isnan(live_out).sum())
-    if nan:
-        problems.append(f"{nan} NaN elements in live rows")
-    ulps = (_ordered_bits(live_out) - _ordered_bits(expected[work])).abs()
-    worst = int(ulps.max()) if ulps.numel() else 0
-    differ = int((ulps > 0).sum())
-    spread = f"({differ}/{ulps.numel()} elems differ)"
-    if worst > _ULP_BOUND:
-        problems.append(f"max {worst} ulp > {_ULP_BOUND} {spread}")
-    if problems:
-        return Check(False, "; ".join(problems))
-    return Check(True, "exact" if worst == 0 else f"max {worst} ulp {spread}")
-
-
-def nonvacuity(inp: Inputs, out: torch.Tensor, params: dict) -> dict:
-    bits = out.cpu().view(torch.int16)
-    work = inp.work_rows
-    written = (bits != _POISON_BITS).any(dim=1)
-    live_out = out.cpu()[work]
-    return {
-        "rows_written": int(written.sum()),
-        "rows_poisoned_ok": int((~written & ~work).sum()),
-        "nonzero_out": int((live_out != 0).sum()),
-    }
-
-
-def work(params: dict, geometry: dict, device) -> dict:
-    """Byte and occupancy model. Rows that do work read W and write N bf16 values; the padded
-    ops read one map entry per row below V. The live-row scalar is counted once (every CTA
-    reads the same 4 bytes, an L2 hit after the first)."""
-    live = params["live_rows"]
-    padded = params["op"] in PADDED_OPS
-    active = live - padded_below(live, params["pad_frac"]) if padded else live
-    nb = geometry["num_blocks"]
-    return {
-        "bytes": active * (geometry["in_cols"] + geometry["n_cols"]) * 2 + 4 + (live * 4 if padded else 0),
-        "ctas": nb,
-        "ctas_with_work": min(nb, active),
-        "threads_per_cta": geometry["num_warps"] * 32,
-        "rows_active": active,
-        "rows_per_cta": cdiv(live, nb),
-        "col_blocks": cdiv(geometry["n_cols"], geometry["block_n"]),
-    }
-
-
 # ----------------------------------------------------------------------------------- variants
 
 
@@ -434,37 +444,57 @@ def _int_spec(v: int) -> tuple:
     return (v == 1, v % 16 == 0)
 
 
-def _built(inp: Inputs, num_blocks: int, cap: int, num_warps: int) -> Built:
-    bn = block_n(inp.n_cols)
-    launch = LAUNCHERS[inp.op](inp, num_blocks, bn, num_warps)
-    geometry = {"num_blocks": num_blocks, "grid_cap": cap, "block_n": bn, "num_warps": num_warps,
-                "n_cols": inp.n_cols, "in_cols": inp.in_cols}
-
+def _reset(inp: Inputs):
     def reset():
         inp.out_buf.view(torch.int16).fill_(_POISON_BITS)
 
-    key = (inp.op, num_blocks, bn, num_warps, _int_spec(inp.n_cols), _int_spec(inp.in_cols))
-    return Built(launch, inp.out, reset, geometry, key)
+    return reset
+
+
+def _built(inp: Inputs, launcher, kernel: str, num_blocks: int, cap: int, num_warps: int, loop: str) -> Built:
+    bn = block_n(inp.n_cols)
+    launch = launcher(inp, num_blocks, bn, num_warps)
+    geometry = {"num_blocks": num_blocks, "grid_cap": cap, "block_n": bn, "num_warps": num_warps,
+                "n_cols": inp.n_cols, "in_cols": inp.in_cols, "loop_bound": loop}
+    key = (kernel, inp.op, num_blocks, bn, num_warps, _int_spec(inp.n_cols), _int_spec(inp.in_cols),
+           _int_spec(inp.rows))
+    return Built(launch, inp.out, _reset(inp), geometry, key)
 
 
 @FAMILY.variant("capped", params=("grid_cap", "num_warps"),
-                doc="NUM_BLOCKS = min(next_pow2(rows), grid_cap): one CTA per row up to the cap")
+                doc="the seed kernel (Megatron's mechanism: early exit for pid >= live rows, loop to the "
+                    "capacity M) at NUM_BLOCKS = min(next_pow2(rows), grid_cap)")
 @FAMILY.variant("shipped", params=("num_warps",), env={"grid_cap": ("MCORE_MOE_ACTIVATION_GRID_CAP", 8192)},
                 doc="capped with the cap from $MCORE_MOE_ACTIVATION_GRID_CAP (the PR's default 8192; 512 is "
                     "the kill switch)")
 def build_capped(inp: Inputs, params: dict, device) -> Built:
     cap = params["grid_cap"]
-    return _built(inp, capped_blocks(params["rows"], cap), cap, params["num_warps"])
+    return _built(inp, act_rows, "seed", capped_blocks(params["rows"], cap), cap, params["num_warps"], "capacity")
 
 
-@FAMILY.variant("legacy", params=("num_warps",), doc="NUM_BLOCKS = min(rows, 512): the geometry before the PR")
+@FAMILY.variant("legacy", params=("num_warps",),
+                doc="the seed kernel at NUM_BLOCKS = min(rows, 512): the geometry before the PR")
 def build_legacy(inp: Inputs, params: dict, device) -> Built:
-    return _built(inp, legacy_blocks(params["rows"]), _LEGACY_BLOCKS, params["num_warps"])
+    return _built(inp, act_rows, "seed", legacy_blocks(params["rows"]), _LEGACY_BLOCKS, params["num_warps"],
+                  "capacity")
 
 
-def tiled_programs(params: dict, tile_rows: int, tile_cols: int, n_cols: int) -> int:
-    """Programs of the tiled kernel: the tiles the capacity M could hold, capped by grid_cap."""
-    return max(1, min(params["grid_cap"], cdiv(params["rows"], tile_rows) * cdiv(n_cols, tile_cols)))
+@FAMILY.variant("live-bound", params=("grid_cap", "num_warps"),
+                doc="capped geometry, but the row loop stops at the live count instead of the capacity "
+                    "(moebench's first kernel; 64-bit row pointers)")
+def build_live_bound(inp: Inputs, params: dict, device) -> Built:
+    cap = params["grid_cap"]
+    return _built(inp, act_rows_live_bound, "live-bound", capped_blocks(params["rows"], cap), cap,
+                  params["num_warps"], "live")
+
+
+@FAMILY.variant("upstream", params=("grid_cap", "num_warps"), source="upstream",
+                doc="Megatron's kernel for the op (_silu_mul_bounded_kernel, _swiglu_kernel, _squared_relu_kernel), "
+                    "imported at run time, at NUM_BLOCKS = min(next_pow2(rows), grid_cap)")
+def build_upstream(inp: Inputs, params: dict, device) -> Built:
+    cap = params["grid_cap"]
+    return _built(inp, act_rows_upstream, "upstream", capped_blocks(params["rows"], cap), cap, params["num_warps"],
+                  "capacity")
 
 
 @FAMILY.variant("tiled", params=("grid_cap", "num_warps", "tile_rows", "tile_cols", "prefetch"),
@@ -482,10 +512,7 @@ def build_tiled(inp: Inputs, params: dict, device) -> Built:
     def launch():
         _silu_mul_tiled_kernel[(grid,)](*args, N_COLS=n, TILE_ROWS=tr, TILE_COLS=tc, PREFETCH=pre, num_warps=nw)
 
-    def reset():
-        inp.out_buf.view(torch.int16).fill_(_POISON_BITS)
-
     geometry = {"num_blocks": grid, "grid_cap": params["grid_cap"], "block_n": tc, "tile_rows": tr,
-                "num_warps": nw, "prefetch": int(pre), "n_cols": n, "in_cols": inp.in_cols}
+                "num_warps": nw, "prefetch": int(pre), "n_cols": n, "in_cols": inp.in_cols, "loop_bound": "live"}
     key = ("tiled", n, tr, tc, nw, pre, _int_spec(inp.in_cols), _int_spec(inp.rows))
-    return Built(launch, inp.out, reset, geometry, key)
+    return Built(launch, inp.out, _reset(inp), geometry, key)

@@ -2,7 +2,19 @@
 local expert, counted with integer atomic adds.
 
 Shapes: T = buffer_tokens (capture-time capacity), V = tokens (valid this step, a device
-scalar), K = topk, E = num_experts, L = local_experts, S = local_expert_start.
+scalar), K = topk, E = num_experts, L = local_experts, S = local_expert_start, P = programs
+(the grid), B = BLOCK_SIZE (pairs per chunk). The map is read flat: pair i is token i // K.
+
+The seed baselines follow Megatron's mechanism (megatron/core/inference/moe/permute.py):
+
+- `persistent`: P = SM count programs; the V*K valid pairs are cut into C = ceil(V*K / B) chunks
+  and program p takes the contiguous run [p * ceil(C / P), min((p + 1) * ceil(C / P), C)); a
+  program whose run starts past C does nothing. K is a runtime argument, L a constexpr.
+- `nonpersistent`: ceil(T*K / B) programs from the capacity, one chunk each.
+
+`strided` is moebench's first kernel: program p takes chunks p, p + P, p + 2P, ... with K a
+constexpr and L a runtime argument. `prefetch` and `privatized` build on it. `upstream` and
+`upstream-nonpersistent` launch Megatron's own kernels, imported at run time.
 
 Because the counts are an integer reduction by atomic_add, the launch geometry decides only
 which thread issues which increment, never the multiset of increments: every geometry is
@@ -17,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moebench.errors import Unavailable
 from moebench.families import Built, Check, cdiv, next_pow2
 from moebench.families.count import FAMILY
 
@@ -26,54 +39,97 @@ _POISON = -0x5EED
 
 
 @triton.jit
-def _count_local_tokens_persistent_kernel(
-    routing_map_ptr,  # (T, K) int32 expert ids, row-major; rows >= V are stale
-    valid_tokens_ptr,  # (1,) int32 V, read on device (graph-safe)
-    counts_ptr,  # (L,) int32, accumulated into
-    local_start,  # S
-    num_local,  # L
-    TOPK: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """Grid: (programs,), programs fixed at capture (SM count). Program p handles the chunks
-    p, p + programs, ... of BLOCK_SIZE flattened (token, k) pairs below V * K."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    n_pairs = tl.load(valid_tokens_ptr) * TOPK
-    for start in range(pid * BLOCK_SIZE, n_pairs, nprog * BLOCK_SIZE):
-        offs = start + tl.arange(0, BLOCK_SIZE)
-        in_range = offs < n_pairs
-        expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
-        local = expert - local_start
-        hit = in_range & (local >= 0) & (local < num_local)
-        tl.atomic_add(counts_ptr + local, 1, mask=hit)
-
-
-@triton.jit
-def _count_local_tokens_kernel(
-    routing_map_ptr,  # (T, K) int32
-    valid_tokens_ptr,  # (1,) int32
+def _count_experts(
     counts_ptr,  # (L,) int32
-    local_start,
-    num_local,
-    TOPK: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    expert,  # (B,) int32 expert ids of one chunk; -1 where not loaded
+    valid,  # (B,) bool: the pair is below V * K
+    local_start,  # S
+    num_local,  # L (a constexpr where the caller has one)
 ):
-    """Grid: (ceil(T * K / BLOCK_SIZE),), from the capacity. Program p handles chunk p only."""
-    pid = tl.program_id(0)
-    n_pairs = tl.load(valid_tokens_ptr) * TOPK
-    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    in_range = offs < n_pairs
-    expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
     local = expert - local_start
-    hit = in_range & (local >= 0) & (local < num_local)
+    hit = (local >= 0) & (local < num_local) & valid
     tl.atomic_add(counts_ptr + local, 1, mask=hit)
 
 
 @triton.jit
-def _count_local_tokens_prefetch_kernel(
+def _count_chunk(
+    routing_map_ptr,  # (T * K,) int32, flat
+    counts_ptr,  # (L,) int32
+    offs,  # (B,) pair offsets of one chunk
+    n_pairs,  # V * K
+    local_start,
+    num_local,
+):
+    """Load one chunk of pairs and count those below V * K that land on a local expert."""
+    in_range = offs < n_pairs
+    expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
+    _count_experts(counts_ptr, expert, in_range, local_start, num_local)
+
+
+@triton.jit
+def _count_persistent_kernel(
+    routing_map_ptr,  # (T, K) int32 expert ids, row-major; rows >= V are stale
+    counts_ptr,  # (L,) int32, accumulated into
+    valid_tokens_ptr,  # (1,) int32 V, read on device (graph-safe)
+    topk,  # K, a runtime argument
+    local_start,  # S
+    NUM_LOCAL: tl.constexpr,  # L
+    num_programs,  # P, passed in as upstream passes its SM count
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Grid: (P,), fixed at capture. Program p counts the contiguous chunk run
+    [p * ceil(C / P), min(p * ceil(C / P) + ceil(C / P), C)) of the C = ceil(V*K / B) chunks."""
+    pid = tl.program_id(0)
+    n_pairs = tl.load(valid_tokens_ptr) * topk
+    n_chunks = tl.cdiv(n_pairs, BLOCK_SIZE)
+    per_program = tl.cdiv(n_chunks, num_programs)
+    first = pid * per_program
+    if first < n_chunks:
+        last = tl.minimum(first + per_program, n_chunks)
+        for chunk in tl.range(first, last):
+            offs = chunk * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+            _count_chunk(routing_map_ptr, counts_ptr, offs, n_pairs, local_start, NUM_LOCAL)
+
+
+@triton.jit
+def _count_nonpersistent_kernel(
     routing_map_ptr,  # (T, K) int32
-    valid_tokens_ptr,  # (1,) int32
+    counts_ptr,  # (L,) int32
+    valid_tokens_ptr,  # (1,) int32 V
+    topk,  # K, a runtime argument
+    local_start,  # S
+    NUM_LOCAL: tl.constexpr,  # L
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Grid: (ceil(T * K / B),), from the capacity. Program p counts chunk p only."""
+    pid = tl.program_id(0)
+    n_pairs = tl.load(valid_tokens_ptr) * topk
+    offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    _count_chunk(routing_map_ptr, counts_ptr, offs, n_pairs, local_start, NUM_LOCAL)
+
+
+@triton.jit
+def _count_strided_kernel(
+    routing_map_ptr,  # (T, K) int32
+    valid_tokens_ptr,  # (1,) int32 V
+    counts_ptr,  # (L,) int32
+    local_start,  # S
+    num_local,  # L, a runtime argument
+    TOPK: tl.constexpr,  # K
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Grid: (P,), fixed at capture. Program p counts chunks p, p + P, p + 2P, ... below V * K."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_pairs = tl.load(valid_tokens_ptr) * TOPK
+    for start in range(pid * BLOCK_SIZE, n_pairs, nprog * BLOCK_SIZE):
+        _count_chunk(routing_map_ptr, counts_ptr, start + tl.arange(0, BLOCK_SIZE), n_pairs, local_start, num_local)
+
+
+@triton.jit
+def _count_prefetch_kernel(
+    routing_map_ptr,  # (T, K) int32
+    valid_tokens_ptr,  # (1,) int32 V
     counts_ptr,  # (L,) int32
     local_start,
     num_local,
@@ -81,30 +137,35 @@ def _count_local_tokens_prefetch_kernel(
     TOPK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """Grid: (programs,), as the persistent kernel. The first chunk's load is issued against the
-    capacity, independently of the valid-count load, so the two memory latencies overlap instead
-    of adding up; the valid bound is applied after both arrive."""
+    """Grid: (P,), as the strided kernel. The first chunk's load is issued against the capacity,
+    independently of the valid-count load, so the two memory latencies overlap instead of adding
+    up; the valid bound is applied after both arrive."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     expert = tl.load(routing_map_ptr + offs, mask=offs < cap_pairs, other=-1)
     n_pairs = tl.load(valid_tokens_ptr) * TOPK
-    local = expert - local_start
-    hit = (offs < n_pairs) & (local >= 0) & (local < num_local)
-    tl.atomic_add(counts_ptr + local, 1, mask=hit)
+    _count_experts(counts_ptr, expert, offs < n_pairs, local_start, num_local)
     for start in range((pid + nprog) * BLOCK_SIZE, n_pairs, nprog * BLOCK_SIZE):
-        offs = start + tl.arange(0, BLOCK_SIZE)
-        in_range = offs < n_pairs
-        expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
-        local = expert - local_start
-        hit = in_range & (local >= 0) & (local < num_local)
-        tl.atomic_add(counts_ptr + local, 1, mask=hit)
+        _count_chunk(routing_map_ptr, counts_ptr, start + tl.arange(0, BLOCK_SIZE), n_pairs, local_start, num_local)
 
 
 @triton.jit
-def _count_local_tokens_privatized_kernel(
+def _histogram_chunk(
+    hist,  # (LOCAL_POW2,) int32 running histogram
+    bins,  # (LOCAL_POW2,) local expert indices
+    expert,  # (B,) int32
+    valid,  # (B,) bool
+    local_start,
+):
+    onehot = ((expert - local_start)[:, None] == bins[None, :]) & valid[:, None]
+    return hist + tl.sum(onehot.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _count_privatized_kernel(
     routing_map_ptr,  # (T, K) int32
-    valid_tokens_ptr,  # (1,) int32
+    valid_tokens_ptr,  # (1,) int32 V
     counts_ptr,  # (L,) int32
     local_start,
     num_local,
@@ -114,9 +175,9 @@ def _count_local_tokens_privatized_kernel(
     LOCAL_POW2: tl.constexpr,  # next_pow2(L): the register histogram's width
     PREFETCH: tl.constexpr,  # issue the first chunk's load alongside the valid-count load
 ):
-    """Grid: (programs,), as the persistent kernel. Each program keeps a private histogram of the
-    local experts in registers across its chunks (a one-hot compare-and-sum per chunk) and
-    flushes it once: at most L atomics per program instead of one per routed pair."""
+    """Grid: (P,), as the strided kernel. Each program keeps a private histogram of the local
+    experts in registers across its chunks (a one-hot compare-and-sum per chunk) and flushes it
+    once: at most L atomics per program instead of one per routed pair."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     bins = tl.arange(0, LOCAL_POW2)
@@ -126,9 +187,7 @@ def _count_local_tokens_privatized_kernel(
         offs = first + tl.arange(0, BLOCK_SIZE)
         expert = tl.load(routing_map_ptr + offs, mask=offs < cap_pairs, other=-1)
         n_pairs = tl.load(valid_tokens_ptr) * TOPK
-        local = expert - local_start
-        onehot = (local[:, None] == bins[None, :]) & (offs < n_pairs)[:, None]
-        hist += tl.sum(onehot.to(tl.int32), axis=0)
+        hist = _histogram_chunk(hist, bins, expert, offs < n_pairs, local_start)
         first += nprog * BLOCK_SIZE
     else:
         n_pairs = tl.load(valid_tokens_ptr) * TOPK
@@ -136,10 +195,147 @@ def _count_local_tokens_privatized_kernel(
         offs = start + tl.arange(0, BLOCK_SIZE)
         in_range = offs < n_pairs
         expert = tl.load(routing_map_ptr + offs, mask=in_range, other=-1)
-        local = expert - local_start
-        onehot = (local[:, None] == bins[None, :]) & in_range[:, None]
-        hist += tl.sum(onehot.to(tl.int32), axis=0)
+        hist = _histogram_chunk(hist, bins, expert, in_range, local_start)
     tl.atomic_add(counts_ptr + bins, hist, mask=(bins < num_local) & (hist > 0))
+
+
+# ----------------------------------------------------------------------------------- launchers
+# Each returns a zero-argument launch closure over tensors allocated by the caller.
+
+
+def count_persistent(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int, kernel=None):
+    """The persistent count: moebench's kernel, or `kernel` (Megatron's, same signature by name)."""
+    if kernel is None:
+        kernel = _count_persistent_kernel
+        args = (inp.routing_map, inp.counts, inp.valid, params["topk"], params["local_expert_start"],
+                params["local_experts"], grid)
+        names = ("routing_map_ptr", "counts_ptr", "valid_tokens_ptr", "topk", "local_start", "NUM_LOCAL",
+                 "num_programs")
+    else:
+        args, names = _upstream_args(kernel, inp, params, persistent=True, grid=grid)
+    kw = dict(zip(names, args))
+
+    def launch():
+        kernel[(grid,)](**kw, BLOCK_SIZE=block_size, num_warps=num_warps)
+
+    return launch
+
+
+def count_nonpersistent(inp: Inputs, params: dict, block_size: int, num_warps: int, kernel=None):
+    grid = cdiv(params["buffer_tokens"] * params["topk"], block_size)
+    if kernel is None:
+        kernel = _count_nonpersistent_kernel
+        args = (inp.routing_map, inp.counts, inp.valid, params["topk"], params["local_expert_start"],
+                params["local_experts"])
+        names = ("routing_map_ptr", "counts_ptr", "valid_tokens_ptr", "topk", "local_start", "NUM_LOCAL")
+    else:
+        args, names = _upstream_args(kernel, inp, params, persistent=False)
+    kw = dict(zip(names, args))
+
+    def launch():
+        kernel[(grid,)](**kw, BLOCK_SIZE=block_size, num_warps=num_warps)
+
+    return launch, grid
+
+
+# Megatron's argument names, in its kernels' order; the map is by name so a reordering upstream
+# still launches correctly, and a renaming makes the variant unavailable with the reason.
+_UPSTREAM_ARGS = ("routing_map_ptr", "tokens_per_expert_ptr", "valid_tokens_ptr", "topk", "local_expert_start",
+                  "num_local_experts")
+
+
+def _upstream_args(kernel, inp: Inputs, params: dict, *, persistent: bool, grid: int = 0):
+    names = _UPSTREAM_ARGS + (("num_sms",) if persistent else ())
+    have = tuple(getattr(kernel, "arg_names", ()))
+    missing = [n for n in names + ("BLOCK_SIZE",) if n not in have]
+    if missing:
+        raise Unavailable(f"the upstream count kernel's arguments are {', '.join(have) or 'unknown'}; moebench "
+                          f"launches it by name and misses {', '.join(missing)}")
+    args = (inp.routing_map, inp.counts, inp.valid, params["topk"], params["local_expert_start"],
+            params["local_experts"]) + ((grid,) if persistent else ())
+    return args, names
+
+
+def count_strided(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"])
+
+    def launch():
+        _count_strided_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size, num_warps=num_warps)
+
+    return launch
+
+
+def count_prefetch(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"],
+            params["buffer_tokens"] * params["topk"])
+
+    def launch():
+        _count_prefetch_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size, num_warps=num_warps)
+
+    return launch
+
+
+def count_privatized(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int, prefetch: bool = False):
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"],
+            params["buffer_tokens"] * params["topk"])
+    local_pow2 = next_pow2(params["local_experts"])
+
+    def launch():
+        _count_privatized_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size, LOCAL_POW2=local_pow2,
+                                          PREFETCH=prefetch, num_warps=num_warps)
+
+    return launch
+
+
+# ----------------------------------------------------------------------------------- reference
+
+
+def reference(inp: Inputs, params: dict) -> torch.Tensor:
+    """torch.bincount over the valid prefix, sliced to the local experts."""
+    ids = inp.routing_map[: params["tokens"]].reshape(-1).long().cpu()
+    full = torch.bincount(ids, minlength=params["num_experts"])
+    s = params["local_expert_start"]
+    return full[s:s + params["local_experts"]].to(torch.int32)
+
+
+def check(inp: Inputs, out: torch.Tensor, expected: torch.Tensor, params: dict) -> Check:
+    guards = torch.cat([inp.counts_buf[:_GUARD], inp.counts_buf[-_GUARD:]]).cpu()
+    if not bool((guards == _POISON).all()):
+        return Check(False, "wrote outside the local-expert counters")
+    got = out.cpu()
+    if torch.equal(got, expected):
+        return Check(True, "exact")
+    bad = int((got != expected).sum())
+    return Check(False, f"{bad}/{expected.numel()} counts differ from torch.bincount")
+
+
+def nonvacuity(inp: Inputs, out: torch.Tensor, params: dict) -> dict:
+    c = out.cpu()
+    return {"counts_sum": int(c.sum()), "experts_populated": int((c > 0).sum()),
+            "local_experts": params["local_experts"]}
+
+
+def programs_with_work(pairs: int, block: int, grid: int, chunking: str) -> int:
+    """How many of the grid's programs count at least one chunk."""
+    chunks = cdiv(pairs, block)
+    if chunking == "contiguous":  # runs of ceil(C / P) chunks: the last runs may be empty
+        return cdiv(chunks, cdiv(chunks, grid)) if chunks else 0
+    return min(grid, chunks)
+
+
+def work(params: dict, geometry: dict, device) -> dict:
+    """Byte and occupancy model: the valid prefix of the map is read once; each counter is
+    read-modified-written (in L2, by atomics)."""
+    pairs = params["tokens"] * params["topk"]
+    block = geometry["block_size"]
+    ctas = geometry["grid"]
+    return {
+        "bytes": pairs * 4 + 4 + params["local_experts"] * 8,
+        "ctas": ctas,
+        "ctas_with_work": programs_with_work(pairs, block, ctas, geometry.get("chunking", "strided")),
+        "threads_per_cta": geometry["num_warps"] * 32,
+        "pairs_per_thread": cdiv(block, geometry["num_warps"] * 32),
+    }
 
 
 # ----------------------------------------------------------------------------------- inputs
@@ -187,146 +383,96 @@ def touched_bytes(params: dict) -> int:
     return params["tokens"] * params["topk"] * 4 + 4 + params["local_experts"] * 4
 
 
-# ----------------------------------------------------------------------------------- launchers
-
-
-def count_local_tokens_persistent(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
-    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"])
-
-    def launch():
-        _count_local_tokens_persistent_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
-                                                       num_warps=num_warps)
-
-    return launch
-
-
-def count_local_tokens(inp: Inputs, params: dict, block_size: int, num_warps: int):
-    grid = cdiv(params["buffer_tokens"] * params["topk"], block_size)
-    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"])
-
-    def launch():
-        _count_local_tokens_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
-                                            num_warps=num_warps)
-
-    return launch, grid
-
-
-def count_local_tokens_prefetch(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
-    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"],
-            params["buffer_tokens"] * params["topk"])
-
-    def launch():
-        _count_local_tokens_prefetch_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
-                                                     num_warps=num_warps)
-
-    return launch
-
-
-def count_local_tokens_privatized(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int,
-                                  prefetch: bool = False):
-    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"],
-            params["buffer_tokens"] * params["topk"])
-    local_pow2 = next_pow2(params["local_experts"])
-
-    def launch():
-        _count_local_tokens_privatized_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size,
-                                                       LOCAL_POW2=local_pow2, PREFETCH=prefetch,
-                                                       num_warps=num_warps)
-
-    return launch
-
-
-# ----------------------------------------------------------------------------------- reference
-
-
-def reference(inp: Inputs, params: dict) -> torch.Tensor:
-    """torch.bincount over the valid prefix, sliced to the local experts."""
-    ids = inp.routing_map[: params["tokens"]].reshape(-1).long().cpu()
-    full = torch.bincount(ids, minlength=params["num_experts"])
-    s = params["local_expert_start"]
-    return full[s:s + params["local_experts"]].to(torch.int32)
-
-
-def check(inp: Inputs, out: torch.Tensor, expected: torch.Tensor, params: dict) -> Check:
-    guards = torch.cat([inp.counts_buf[:_GUARD], inp.counts_buf[-_GUARD:]]).cpu()
-    if not bool((guards == _POISON).all()):
-        return Check(False, "wrote outside the local-expert counters")
-    got = out.cpu()
-    if torch.equal(got, expected):
-        return Check(True, "exact")
-    bad = int((got != expected).sum())
-    return Check(False, f"{bad}/{expected.numel()} counts differ from torch.bincount")
-
-
-def nonvacuity(inp: Inputs, out: torch.Tensor, params: dict) -> dict:
-    c = out.cpu()
-    return {"counts_sum": int(c.sum()), "experts_populated": int((c > 0).sum()),
-            "local_experts": params["local_experts"]}
-
-
-def work(params: dict, geometry: dict, device) -> dict:
-    """Byte and occupancy model: the valid prefix of the map is read once; each counter is
-    read-modified-written (in L2, by atomics)."""
-    pairs = params["tokens"] * params["topk"]
-    block = geometry["block_size"]
-    ctas = geometry["grid"]
-    return {
-        "bytes": pairs * 4 + 4 + params["local_experts"] * 8,
-        "ctas": ctas,
-        "ctas_with_work": min(ctas, cdiv(pairs, block)),
-        "threads_per_cta": geometry["num_warps"] * 32,
-        "pairs_per_thread": cdiv(block, geometry["num_warps"] * 32),
-    }
-
-
 # ----------------------------------------------------------------------------------- variants
 # Every launch parameter arrives resolved (the session reads the spec, the kill switches and the
 # device once): `grid` is already the SM count where the spec said 0.
 
 
-def _built(inp: Inputs, launch, geometry: dict, kernel: str, params: dict) -> Built:
+def _int_spec(v: int) -> tuple:
+    # triton specializes an integer argument on being 1 and on divisibility by 16
+    return (v == 1, v % 16 == 0)
+
+
+def _built(inp: Inputs, launch, geometry: dict, kernel: str, params: dict, constexprs: tuple = ()) -> Built:
     def reset():
         inp.counts.zero_()
 
-    key = (kernel, params["topk"], geometry["block_size"], geometry["num_warps"])
+    key = (kernel, geometry["block_size"], geometry["num_warps"], _int_spec(params["topk"]),
+           _int_spec(params["local_expert_start"]), _int_spec(geometry["grid"])) + constexprs
     return Built(launch, inp.counts, reset, geometry, key)
 
 
 @FAMILY.variant("persistent", params=("block_size", "num_warps", "grid"),
-                doc="grid = SM count; each program strides over BLOCK_SIZE chunks")
+                doc="the seed baseline, Megatron's mechanism: grid = SM count, each program a contiguous run of "
+                    "ceil(chunks / grid) BLOCK_SIZE chunks; topk runtime, local experts constexpr")
 @FAMILY.variant("shipped", params=("num_warps", "grid"),
                 env={"block_size": ("MCORE_COUNT_TOKENS_BLOCK", 128)},
                 doc="persistent with BLOCK_SIZE from $MCORE_COUNT_TOKENS_BLOCK (the PR's default 128; "
                     "1024 is the kill switch)")
 def build_persistent(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
-    launch = count_local_tokens_persistent(inp, params, grid, block, nw)
-    return _built(inp, launch, {"grid": grid, "block_size": block, "num_warps": nw}, "persistent", params)
+    launch = count_persistent(inp, params, grid, block, nw)
+    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "contiguous"}
+    return _built(inp, launch, geometry, "persistent", params, (params["local_experts"],))
 
 
 @FAMILY.variant("nonpersistent", params=("block_size", "num_warps"),
-                doc="grid = ceil(buffer_tokens*topk / BLOCK_SIZE), one chunk each")
+                doc="the seed's other kernel, Megatron's mechanism: grid = ceil(buffer_tokens * topk / BLOCK_SIZE) "
+                    "from the capacity, one chunk per program")
 def build_nonpersistent(inp: Inputs, params: dict, device) -> Built:
-    nw = params["num_warps"]
-    launch, grid = count_local_tokens(inp, params, params["block_size"], nw)
-    return _built(inp, launch, {"grid": grid, "block_size": params["block_size"], "num_warps": nw},
-                  "nonpersistent", params)
+    nw, block = params["num_warps"], params["block_size"]
+    launch, grid = count_nonpersistent(inp, params, block, nw)
+    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "one chunk"}
+    return _built(inp, launch, geometry, "nonpersistent", params, (params["local_experts"],))
+
+
+@FAMILY.variant("strided", params=("block_size", "num_warps", "grid"),
+                doc="grid = SM count; program p takes chunks p, p + grid, ...; topk constexpr, local experts "
+                    "runtime (moebench's first persistent kernel)")
+def build_strided(inp: Inputs, params: dict, device) -> Built:
+    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
+    launch = count_strided(inp, params, grid, block, nw)
+    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "strided"}
+    return _built(inp, launch, geometry, "strided", params, (params["topk"],))
 
 
 @FAMILY.variant("prefetch", params=("block_size", "num_warps", "grid"),
-                doc="persistent; the first chunk is loaded alongside the valid count, so the two latencies "
-                    "overlap")
+                doc="strided; the first chunk is loaded alongside the valid count, so the two latencies overlap")
 def build_prefetch(inp: Inputs, params: dict, device) -> Built:
-    grid, nw, block = params["grid"], params["num_warps"], params["block_size"]
-    launch = count_local_tokens_prefetch(inp, params, grid, block, nw)
-    return _built(inp, launch, {"grid": grid, "block_size": block, "num_warps": nw}, "prefetch", params)
+    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
+    launch = count_prefetch(inp, params, grid, block, nw)
+    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "strided"}
+    return _built(inp, launch, geometry, "prefetch", params, (params["topk"],))
 
 
 @FAMILY.variant("privatized", params=("block_size", "num_warps", "grid", "prefetch"),
-                doc="persistent; a per-program register histogram flushed once (<= L atomics per program)")
+                doc="strided; a per-program register histogram flushed once (<= L atomics per program)")
 def build_privatized(inp: Inputs, params: dict, device) -> Built:
-    grid, nw, block = params["grid"], params["num_warps"], params["block_size"]
+    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     pre = bool(params.get("prefetch") or 0)
-    launch = count_local_tokens_privatized(inp, params, grid, block, nw, pre)
-    return _built(inp, launch, {"grid": grid, "block_size": block, "num_warps": nw, "prefetch": int(pre)},
-                  f"privatized{next_pow2(params['local_experts'])}{'-prefetch' if pre else ''}", params)
+    launch = count_privatized(inp, params, grid, block, nw, pre)
+    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "prefetch": int(pre), "chunking": "strided"}
+    return _built(inp, launch, geometry, "privatized", params, (params["topk"], next_pow2(params["local_experts"]), pre))
+
+
+@FAMILY.variant("upstream", params=("block_size", "num_warps", "grid"), source="upstream",
+                doc="Megatron's _count_local_tokens_kernel_persistent, imported at run time, at this case's "
+                    "BLOCK_SIZE, warps and grid")
+def build_upstream(inp: Inputs, params: dict, device) -> Built:
+    from moebench.sources import upstream
+
+    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
+    launch = count_persistent(inp, params, grid, block, nw, kernel=upstream.load("count_persistent"))
+    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "contiguous"}
+    return _built(inp, launch, geometry, "upstream-persistent", params, (params["local_experts"],))
+
+
+@FAMILY.variant("upstream-nonpersistent", params=("block_size", "num_warps"), source="upstream",
+                doc="Megatron's _count_local_tokens_kernel, imported at run time, grid from the capacity")
+def build_upstream_nonpersistent(inp: Inputs, params: dict, device) -> Built:
+    from moebench.sources import upstream
+
+    nw, block = params["num_warps"], params["block_size"]
+    launch, grid = count_nonpersistent(inp, params, block, nw, kernel=upstream.load("count"))
+    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "one chunk"}
+    return _built(inp, launch, geometry, "upstream-nonpersistent", params, (params["local_experts"],))
