@@ -334,3 +334,40 @@ def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
         cells.append(", ".join(mark))
         rows.append(cells)
     return head, rows
+
+
+@app.command()
+def conformance(
+    results: list[Path] = typer.Argument(..., help="Results .json files of sweeps that ran upstream variants "
+                                         "beside the seed kernels (e.g. count-grid, act-upstream)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Path prefix: writes PREFIX.csv, PREFIX.json and "
+                                "PREFIX.md."),
+):
+    """Seed kernels beside their upstream twins: for every pair of moebench's kernel and Megatron's at
+    the same shape and launch in one run, the time ratio, bit-exactness and whether the ratio is within
+    the family's tolerance (count 5%, act 3%)."""
+    import json
+
+    import pandas as pd
+
+    from moebench.analysis import read_results
+    from moebench.analysis.conformance import page, rows, twins
+    from moebench.core.records import atomic_write_text
+
+    pairs, sources = [], []
+    for f in results:
+        prov, records = read_results(f)
+        sources.append((str(f), prov))
+        pairs += twins(records)
+    doc = {"sources": [{"file": f, "provenance": p} for f, p in sources], "pairs": rows(pairs)}
+    base = output.with_suffix("") if output.suffix in (".md", ".csv", ".json") else output
+    atomic_write_text(base.with_name(base.name + ".json"), json.dumps(doc, indent=1, default=str) + "\n")
+    atomic_write_text(base.with_name(base.name + ".csv"), pd.DataFrame(rows(pairs)).to_csv(index=False))
+    atomic_write_text(base.with_name(base.name + ".md"), page(pairs, sources))
+    timed = [p for p in pairs if p.ratio is not None]
+    off = [p for p in timed if p.within is False]
+    out.print(f"[bold]{len(pairs)} twin pairs, {sum(p.exact for p in pairs)} bit-exact; "
+              + (f"{len(timed) - len(off)}/{len(timed)} within tolerance" if timed else "no timings") + "[/bold]",
+              highlight=False)
+    out.print(f"Wrote {base}.csv, {base}.json, {base}.md", markup=False, highlight=False)
+    raise typer.Exit(ExitCode.OK if pairs and all(p.exact for p in pairs) else ExitCode.CASE_FAILED)

@@ -3,7 +3,6 @@ backend choice, and rendering a pivot as a terminal table. Printing lives in moe
 
 from __future__ import annotations
 
-import os
 import signal
 from contextlib import contextmanager
 from typing import Iterator
@@ -168,9 +167,18 @@ class Bar:
 
 def print_failures(records, vary=()) -> None:
     """One line per case that did not pass, on stderr: status, case id, label, the varying
-    parameters, the first line of the error."""
+    parameters, the first line of the error. Unavailable cases (a kernel source not here) are
+    one line per variant and reason."""
+    missing: dict[tuple, int] = {}
     for r in records:
-        if r.status != "ok":
+        if r.status == "unavailable":
+            key = (r.label, r.error.splitlines()[0] if r.error else "")
+            missing[key] = missing.get(key, 0) + 1
+    for (label, why), n in missing.items():
+        err.print(f"unavailable: {n} case{'s' if n != 1 else ''} of {label}: {why}", markup=False, highlight=False,
+                  soft_wrap=True)
+    for r in records:
+        if r.status not in ("ok", "unavailable"):
             shown = ", ".join(f"{k}={v}" for k, v in r.params.items() if k in vary and v is not None)
             err.print(f"{r.status}: {r.case_id} {r.label}" + (f" [{shown}]" if shown else "")
                       + f": {r.error.splitlines()[0] if r.error else ''}", markup=False, highlight=False,

@@ -102,8 +102,12 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
 
         stem = shard_stem(stem, *p.shard)
     dest = out_dir if host_only else out_dir / device.slug
-    prov = provenance(spec, device, quick=p.quick, verify=p.verify, ceilings=ceilings,
-                      extra={"cross_checks": list(cross), "timed": timed, "shard": list(p.shard) if p.shard else None})
+    extra = {"cross_checks": list(cross), "timed": timed, "shard": list(p.shard) if p.shard else None}
+    if any(spec.family.variants[c.variant].source == "upstream" for c in p.cases):
+        from moebench.sources import upstream
+
+        extra["upstream"] = upstream.provenance()
+    prov = provenance(spec, device, quick=p.quick, verify=p.verify, ceilings=ceilings, extra=extra)
     writer = ResultsWriter(dest, stem, prov, fmts)
     done = previous_records(dest, stem, spec.sha256) if resume else {}
     if resume:

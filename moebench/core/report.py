@@ -106,6 +106,7 @@ def verdict(records: list[Record]) -> dict[str, int]:
         "exact": sum(1 for r in checked if r.status == "ok"),
         "mismatch": sum(1 for r in records if r.status == "mismatch"),
         "error": sum(1 for r in records if r.status == "error"),
+        "unavailable": sum(1 for r in records if r.status == "unavailable"),
         "checked": len(checked),
     }
 
@@ -116,15 +117,18 @@ def verdict_line(records: list[Record]) -> str:
     v = verdict(records)
     ok = [r for r in records if r.status == "ok"]
     inexact = [r for r in ok if r.checks.get("ref_check", "exact") != "exact"]
+    ran = v["cases"] - v["unavailable"]
     if inexact:
-        line = (f"{v['exact']}/{v['cases']} pass (every launch torch.equal to the baseline launch; "
+        line = (f"{v['exact']}/{ran} pass (every launch torch.equal to the baseline launch; "
                 f"{len(ok) - len(inexact)} exact against torch, {len(inexact)} within the stated ulp bound)")
     else:
-        line = f"{v['exact']}/{v['cases']} exact"
+        line = f"{v['exact']}/{ran} exact"
     if v["mismatch"]:
         line += f", {v['mismatch']} mismatched"
     if v["error"]:
         line += f", {v['error']} failed to run"
+    if v["unavailable"]:
+        line += f", {v['unavailable']} unavailable (kernel source not here)"
     return line
 
 
@@ -177,6 +181,11 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     # a family may add sections of its own (e.g. combine's band table), after the pivots
     if spec.family.sections is not None:
         out += [spec.family.sections(records), ""]
+    from moebench.analysis.conformance import section as twins_section
+
+    twins = twins_section(records)
+    if twins:
+        out += [twins, ""]
     bad = [r for r in records if r.status != "ok"]
     if bad:
         out += ["## Failed cases", ""]

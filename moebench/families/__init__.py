@@ -131,7 +131,7 @@ class FamilySpec:
                  rules: tuple[tuple[str, str], ...] = (), host_only: bool = False,
                  default_pivot: dict | None = None, plot: Preset | None = None,
                  cost: Callable[[dict], int] | None = None, sections: Callable[[list], str] | None = None,
-                 origin: str = "builtin"):
+                 twin_tolerance: float | None = None, kernels: str | None = None, origin: str = "builtin"):
         self.name = name
         self.doc = doc
         self.params = params
@@ -141,8 +141,12 @@ class FamilySpec:
         self.plot = plot
         self.cost = cost
         self.sections = sections
+        # how close a seed kernel must time to its upstream twin to count as the same mechanism
+        self.twin_tolerance = twin_tolerance
         self.origin = origin
-        self.kernels = f"{package}.kernels" if package else None
+        # the module with the kernels, reference, inputs and variants: a built-in family's
+        # kernels.py, or a plugin's own module
+        self.kernels = f"{package}.kernels" if package else kernels
         self.variants: dict[str, VariantSpec] = {}
         if package:
             for v in declared_variants(Path(sys.modules[package].__file__).with_name("kernels.py"), self):

@@ -133,10 +133,12 @@ def load(name: str) -> Any:
 
 
 def provenance() -> dict:
-    """What upstream source this process would use, for a results file."""
+    """What upstream source this process would use, for a results file. A checkout copied without
+    its .git (to a machine without a registry) names its commit in $MOEBENCH_MEGATRON_LM_COMMIT."""
     root = checkout()
     if root is not None:
-        return {"megatron_lm": str(root), "megatron_lm_commit": _git_head(root)}
+        return {"megatron_lm": str(root),
+                "megatron_lm_commit": _git_head(root) or os.environ.get(f"{ENV}_COMMIT") or None}
     return {"megatron_core": _installed_version()}
 
 
@@ -144,7 +146,12 @@ def _git_head(root: Path) -> str | None:
     import subprocess
 
     try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        return r.stdout.strip() or None if r.returncode == 0 else None
+        r = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True, text=True,
+                           timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
+    lines = r.stdout.split()
+    # only the checkout's own repository: a copy inside another repository is not its commit
+    if r.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root.resolve():
+        return None
+    return lines[1]

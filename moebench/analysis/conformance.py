@@ -1,0 +1,174 @@
+"""Seed kernels beside their upstream twins: is moebench's seed baseline the kernel the PR changed?
+
+A *twin pair* is a record of an `upstream` variant (Megatron's kernel, imported at run time) and
+a record of one of moebench's own variants from the same run with the same shape and the same
+launch (every numeric launch value equal: block, warps, grid or NUM_BLOCKS, ...). Both were timed
+by the same timer over the same buffer rotation, so their ratio says whether the two kernels are
+the same mechanism: within the family's `twin_tolerance` (count 5%, where counter placement alone
+moves the kernel by 20-40% between allocations; activation 3%) they are. Each side was checked
+with torch.equal against the sweep's baseline launch, so both being equal to it makes the pair
+bit-exact with each other.
+
+Pure Python over records: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from moebench.core.records import Record
+from moebench.core.text import md_table, num
+
+
+@dataclass
+class Twin:
+    family: str
+    shape: dict[str, Any]
+    launch: dict[str, Any]
+    ours: Record
+    theirs: Record
+    tolerance: float | None
+
+    @property
+    def exact(self) -> bool:
+        return bool(self.ours.checks.get("baseline_equal") and self.theirs.checks.get("baseline_equal"))
+
+    @property
+    def ratio(self) -> float | None:
+        a, b = self.ours.timing.get("median_us"), self.theirs.timing.get("median_us")
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 and math.isfinite(a):
+            return a / b
+        return None
+
+    @property
+    def within(self) -> bool | None:
+        r = self.ratio
+        return None if r is None or self.tolerance is None else abs(r - 1) <= self.tolerance
+
+
+def _source(rec: Record) -> str | None:
+    from moebench.families import catalogue
+
+    fam = catalogue().get(rec.family)
+    v = fam.variants.get(rec.variant) if fam else None
+    return v.source if v else None
+
+
+def _launch_key(rec: Record) -> tuple:
+    return tuple(sorted((k, v) for k, v in rec.launch.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)))
+
+
+def twins(records: Sequence[Record]) -> list[Twin]:
+    """Every (own variant, upstream variant) pair of ok records with equal shape and launch, in
+    record order."""
+    from moebench.families import catalogue
+
+    cat = catalogue()
+    ours: dict[tuple, list[Record]] = {}
+    theirs = []
+    for r in records:
+        fam = cat.get(r.family)
+        if fam is None or r.status != "ok":
+            continue
+        key = (r.family, tuple((k, r.params.get(k)) for k in fam.shape_params), _launch_key(r))
+        if _source(r) == "upstream":
+            theirs.append((key, r))
+        else:
+            ours.setdefault(key, []).append(r)
+    out = []
+    for key, t in theirs:
+        fam = cat[t.family]
+        for o in ours.get(key, ()):
+            out.append(Twin(t.family, dict(key[1]), dict(key[2]), o, t, fam.twin_tolerance))
+    return out
+
+
+def _varying_shape(pairs: list[Twin]) -> list[str]:
+    names: list[str] = []
+    for p in pairs:
+        names += [k for k in p.shape if k not in names]
+    return [k for k in names if len({repr(p.shape.get(k)) for p in pairs}) > 1]
+
+
+def _launch_text(p: Twin) -> str:
+    keys = ("block_size", "grid", "num_blocks", "num_warps")
+    return ", ".join(f"{k} {p.launch[k]}" for k in keys if k in p.launch)
+
+
+def section(records: Sequence[Record]) -> str:
+    """The results page's "Beside the upstream kernel" section, or "" without twin pairs."""
+    pairs = twins(records)
+    if not pairs:
+        return ""
+    return "\n".join(["## Beside the upstream kernel", "", summary(pairs), "", table(pairs)])
+
+
+def summary(pairs: list[Twin]) -> str:
+    timed = [p for p in pairs if p.ratio is not None]
+    exact = sum(p.exact for p in pairs)
+    line = (f"{len(pairs)} twin pairs (moebench's kernel and Megatron's, same shape and launch, same run); "
+            f"{exact}/{len(pairs)} bit-exact.")
+    if timed:
+        tol = {p.tolerance for p in timed}
+        ratios = [p.ratio for p in timed]
+        off = [p for p in timed if p.within is False]
+        line += (f" Ours ÷ upstream: median {sorted(ratios)[len(ratios) // 2]:.3f}, range {min(ratios):.3f} to "
+                 f"{max(ratios):.3f}; ")
+        line += (f"every pair within ±{100 * max(tol):.0f}%." if not off else
+                 f"{len(off)} of {len(timed)} outside ±{100 * max(tol):.0f}% (marked below).")
+    else:
+        line += " No timings in this run (correctness only)."
+    return line
+
+
+def table(pairs: list[Twin]) -> str:
+    vary = _varying_shape(pairs)
+    rows = []
+    for p in pairs:
+        mark = {True: "yes", False: "**no**", None: "—"}[p.within]
+        rows.append([*(p.shape.get(k) for k in vary), _launch_text(p), p.ours.label, p.theirs.label,
+                     num(p.ours.timing.get("median_us")), num(p.theirs.timing.get("median_us")),
+                     num(p.ratio, ".3f"), "yes" if p.exact else "**no**", mark])
+    tol = next((p.tolerance for p in pairs if p.tolerance is not None), None)
+    head = [*vary, "launch", "ours", "upstream", "ours µs", "upstream µs", "ours ÷ upstream", "bit-exact",
+            f"within ±{100 * tol:.0f}%" if tol else "within"]
+    return md_table(head, rows)
+
+
+def rows(pairs: list[Twin]) -> list[dict]:
+    """Long format, one row per pair (for the csv and json of `moebench conformance`)."""
+    out = []
+    for p in pairs:
+        out.append({"family": p.family, **{f"shape_{k}": v for k, v in p.shape.items()},
+                    **{f"launch_{k}": v for k, v in p.launch.items()}, "ours": p.ours.label,
+                    "ours_case_id": p.ours.case_id, "upstream": p.theirs.label, "upstream_case_id": p.theirs.case_id,
+                    "ours_us": p.ours.timing.get("median_us"), "upstream_us": p.theirs.timing.get("median_us"),
+                    "ours_rel_noise": p.ours.timing.get("rel_noise"),
+                    "upstream_rel_noise": p.theirs.timing.get("rel_noise"), "ratio": p.ratio, "bit_exact": p.exact,
+                    "tolerance": p.tolerance, "within": p.within})
+    return out
+
+
+def page(pairs: list[Twin], sources: list[tuple[str, dict]]) -> str:
+    """The conformance page over several results files: where each came from, then each
+    family's summary and pairs."""
+    out = ["# Seed kernels beside their upstream twins", "",
+           "Each pair is moebench's seed-baseline kernel and Megatron's own, imported at run time, timed in the same "
+           "run by the same timer over the same buffer rotation, at the same shape and launch. Bit-exact: both "
+           "launches are torch.equal to the sweep's baseline launch.", ""]
+    for path, prov in sources:
+        dev = (prov.get("device") or {}).get("name")
+        up = prov.get("upstream") or {}
+        src = ", ".join(f"{k} {v}" for k, v in up.items() if v) or "none recorded"
+        out.append(f"- `{path}`: sweep {prov.get('sweep')} on {dev}, commit {prov.get('git_commit')}, "
+                   f"`{prov.get('command')}`; upstream: {src}")
+    for fam in dict.fromkeys(p.family for p in pairs):
+        fp = [p for p in pairs if p.family == fam]
+        out += ["", f"## {fam}", "", summary(fp), "", table(fp)]
+    if not pairs:
+        out += ["", "No twin pairs in these files: they hold no ok record of an upstream variant beside one of "
+                "moebench's own at the same shape and launch."]
+    return "\n".join(out) + "\n"
