@@ -16,7 +16,7 @@ from rich.table import Table
 
 from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect_text, noise_text, per_step,
                                   projection_text, run_arms, separation_cell, separation_text, settings_text, us)
-from moebench.cli.common import STATE, Bar, err, out
+from moebench.cli.common import MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, use_sources
 from moebench.core.text import md_table, num
 from moebench.errors import BackendError, ExitCode, UsageError
 
@@ -54,6 +54,8 @@ def ab(
     quick: bool = typer.Option(False, "--quick", help="Use the spec's small CI smoke shape."),
     out_dir: Path = typer.Option(Path("results"), "--out", help="Results root; files go to OUT/<device>/."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the OFF/ON pairs and the schedule, run nothing."),
+    plugin: Optional[list[Path]] = PLUGIN_OPT,
+    megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
     separation, pooled sd, effect in noise units, per-step projection, and a PR-ready markdown block."""
@@ -61,6 +63,7 @@ def ab(
     from moebench.core.cases import expand
     from moebench.core.spec import load_spec
 
+    use_sources(plugin, megatron_lm, interpret=None if dry_run else False)
     sp = load_spec(spec)
     fam = sp.family
     if fam.host_only:

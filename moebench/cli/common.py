@@ -7,6 +7,7 @@ import signal
 from contextlib import contextmanager
 from typing import Iterator
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -183,3 +184,32 @@ def print_failures(records, vary=()) -> None:
             err.print(f"{r.status}: {r.case_id} {r.label}" + (f" [{shown}]" if shown else "")
                       + f": {r.error.splitlines()[0] if r.error else ''}", markup=False, highlight=False,
                       soft_wrap=True)
+
+
+# Options shared by the commands that run or list kernels.
+PLUGIN_OPT = typer.Option(None, "--plugin", help="A Python file that registers variants or families "
+                          "(repeatable); see README 'Benchmark your own kernel'.")
+MEGATRON_OPT = typer.Option(None, "--megatron-lm", help="A Megatron-LM checkout to import the upstream kernels from "
+                            "(sets $MOEBENCH_MEGATRON_LM); default: the installed megatron-core.")
+
+
+def use_sources(plugin_files, megatron_lm, interpret: bool | None = None) -> None:
+    """Point the upstream imports at a checkout and run the plugin files, before any spec is read.
+    A command that runs kernels passes `interpret`: the backend is decided first, since @triton.jit
+    in a plugin (or a spec's plugin) reads TRITON_INTERPRET when the file runs."""
+    import os
+
+    from moebench.sources import plugins, upstream
+
+    if interpret is not None:
+        from moebench.core import interpret as interpreter
+        from moebench.core.device import want_interpreter
+
+        if want_interpreter(interpret):
+            interpreter.enable()
+    if megatron_lm is not None:
+        if not megatron_lm.is_dir():
+            raise UsageError(f"--megatron-lm: {megatron_lm}: not a directory; give a Megatron-LM checkout (the "
+                             "folder that holds megatron/core)")
+        os.environ[upstream.ENV] = str(megatron_lm.resolve())
+    plugins.use(plugin_files)

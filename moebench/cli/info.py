@@ -9,19 +9,22 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from moebench.cli.common import err, out, render_table, select_backend
+from rich.markup import escape
+
+from moebench.cli.common import MEGATRON_OPT, PLUGIN_OPT, err, out, render_table, select_backend, use_sources
 from moebench.errors import BackendError, UsageError
 
 app = typer.Typer()
 
 
 @app.command()
-def validate(paths: list[str] = typer.Argument(..., help="Spec files or names.")):
+def validate(paths: list[str] = typer.Argument(..., help="Spec files or names."),
+             plugin: Optional[list[Path]] = PLUGIN_OPT):
     """Check specs (syntax, keys, values, expansion) without running anything."""
     from moebench.core.cases import expand
-
     from moebench.core.spec import load_spec
 
+    use_sources(plugin, None)
     for p in paths:
         spec = load_spec(p)
         n = len(expand(spec))
@@ -31,21 +34,52 @@ def validate(paths: list[str] = typer.Argument(..., help="Spec files or names.")
 
 
 @app.command("list")
-def list_():
-    """Families, variants, built-in sweeps and model configs."""
-    from moebench.families import catalogue
+def list_(
+    plugin: Optional[list[Path]] = PLUGIN_OPT,
+    megatron_lm: Optional[Path] = MEGATRON_OPT,
+    try_import: bool = typer.Option(False, "--import", help="Import each upstream kernel (needs torch; megatron-core "
+                                    "takes ~15 s) instead of only finding it in the source."),
+):
+    """Families, variants (with where each comes from), upstream kernels, built-in sweeps and model
+    configs."""
     from moebench.core.spec import builtin_models, builtin_sweeps
+    from moebench.families import catalogue
+    from moebench.sources import upstream
 
+    use_sources(plugin, megatron_lm)
     tab = Table(title="Families and variants", title_justify="left")
-    for c in ("family", "variant", "launch params", "what it is"):
+    for c in ("family", "variant", "launch params", "source", "what it is"):
         tab.add_column(c)
     for fam in catalogue().values():
-        tab.add_row(fam.name, "", "", fam.doc + (" (host-only)" if fam.host_only else ""), style="bold")
+        tab.add_row(escape(fam.name), "", "", escape("" if fam.origin == "builtin" else fam.origin),
+                    escape(fam.doc + (" (host-only)" if fam.host_only else "")), style="bold")
         for v in fam.variants.values():
-            tab.add_row("", v.name, ", ".join(v.params), v.doc)
+            env = ", ".join(f"{k} from ${var}" for k, (var, _) in v.env.items())
+            tab.add_row("", escape(v.name), escape(", ".join(v.params) + (f"; {env}" if env else "")),
+                        escape(v.source), escape(v.doc))
     out.print(tab)
-    out.print("Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()))
-    out.print("Model configs: " + ", ".join(p.stem for p in builtin_models()))
+    statuses = [upstream.status(name) for name in upstream.KERNELS]
+    if not any(st.present for st in statuses):  # one reason for all: say it once
+        out.print(f"Upstream kernels ({', '.join(st.attr for st in statuses)}): none found: {statuses[0].why}",
+                  markup=False, highlight=False)
+    else:
+        up = Table(title="Upstream kernels (for the upstream variants)", title_justify="left")
+        for c in ("kernel", "found in", "status"):
+            up.add_column(c)
+        for st in statuses:
+            state = "found in the source" if st.present else st.why
+            if try_import and st.present:
+                from moebench.errors import Unavailable
+
+                try:
+                    upstream.load(st.name)
+                    state = "imports"
+                except Unavailable as e:
+                    state = str(e)
+            up.add_row(escape(st.attr), escape(st.source or "—"), escape(state))
+        out.print(up)
+    out.print("Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()), markup=False)
+    out.print("Model configs: " + ", ".join(p.stem for p in builtin_models()), markup=False)
 
 
 @app.command()

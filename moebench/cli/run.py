@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from moebench.cli.common import (STATE, Bar, err, out, parse_cross, parse_formats, print_failures, print_pivots,
-                                 select_backend, sigterm_as_interrupt)
+from moebench.cli.common import (MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_cross, parse_formats,
+                                 print_failures, print_pivots, select_backend, sigterm_as_interrupt, use_sources)
 from moebench.errors import ExitCode, Interrupted, UsageError
 
 app = typer.Typer()
@@ -107,6 +107,10 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         from moebench.sources import upstream
 
         extra["upstream"] = upstream.provenance()
+    from moebench.sources import plugins
+
+    if plugins.loaded():
+        extra["plugins"] = plugins.loaded()
     prov = provenance(spec, device, quick=p.quick, verify=p.verify, ceilings=ceilings, extra=extra)
     writer = ResultsWriter(dest, stem, prov, fmts)
     done = previous_records(dest, stem, spec.sha256) if resume else {}
@@ -181,8 +185,11 @@ def sweep(
     shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run shard I of N (0-based); default from "
                                         "SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set."),
     devices: Optional[str] = typer.Option(None, "--devices", help="all or 0,1,...: one worker process per GPU."),
+    plugin: Optional[list[Path]] = PLUGIN_OPT,
+    megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Run a sweep: verify every case, time it under CUDA-graph replay, write tables."""
+    use_sources(plugin, megatron_lm, interpret=interpret if not dry_run else None)
     p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard)
     if dry_run:
         print_plan(p)
@@ -201,8 +208,11 @@ def verify(
     out_dir: Path = typer.Option(Path("results"), "--out"),
     interpret: bool = typer.Option(False, "--interpret"),
     force: bool = typer.Option(False, "--force"),
+    plugin: Optional[list[Path]] = PLUGIN_OPT,
+    megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Run the spec's correctness matrix only; prints e.g. '2280/2280 exact'."""
+    use_sources(plugin, megatron_lm, interpret=interpret)
     p = plan(spec, quick=quick, verify=True, force=force, l2=None, shard=None)
     raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats="json,md", resume=False,
                              cross_check=None, time_it=False))

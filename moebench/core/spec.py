@@ -47,6 +47,7 @@ TOP_KEYS = {
     "seed": "default input seed",
     "verify": "correctness matrix: axes, zip, fixed, where, variants, quick",
     "max_cases": "refuse to expand past this many cases without --force",
+    "plugins": "list of Python files (relative to this spec) that register variants or families",
 }
 
 MODEL_KEYS = ("name", "num_experts", "topk", "hidden", "moe_ffn", "moe_layers", "ep", "local_experts")
@@ -124,6 +125,7 @@ class Spec:
     seed: int
     max_cases: int
     sha256: str
+    plugins: list[dict] = field(default_factory=list)  # {path, sha256} of the spec's plugin files
 
     def matrix(self, *, quick: bool = False, verify: bool = False) -> Matrix:
         if verify:
@@ -508,6 +510,29 @@ class _Loader:
         return Matrix(variants=variants, axes=axes, zips=zips, fixed=fixed, where=where or [])
 
 
+def _plugins(doc: dict, path: Path, L: "_Loader") -> list[dict]:
+    """Run the spec's plugin files (paths relative to the spec), so the variants and families they
+    register are known when the spec names them."""
+    if "plugins" not in doc:
+        return []
+    from moebench.sources import plugins
+
+    items = doc["plugins"]
+    if isinstance(items, str):
+        items = [items]
+    if not isinstance(items, list) or not items:
+        L.fail("plugins", f"expected a list of Python files, got {show(doc['plugins'])}")
+    out = []
+    for i, item in enumerate(items):
+        L.string(item, f"plugins[{i}]")
+        p = Path(item).expanduser()
+        p = p if p.is_absolute() else path.resolve().parent / p
+        plugins.load_file(p, where=f"{path}: plugins[{i}]")
+        digest = next(d["sha256"] for d in plugins.loaded() if d["path"] == str(p.resolve()))
+        out.append({"path": str(item), "sha256": digest})
+    return out
+
+
 def load_spec(name_or_path: str) -> Spec:
     path = resolve_spec_path(name_or_path)
     doc, data = read_yaml(path)
@@ -519,6 +544,7 @@ def load_spec(name_or_path: str) -> Spec:
                f"got {show(doc)}")
     L.mapping(doc, "")
     L.keys(doc, "", TOP_KEYS)
+    plugins = _plugins(doc, path, L)  # before the family and variant names are checked
     cat = catalogue()
     for req, hint in (("name", "a sweep name"), ("family", f"a kernel family: {', '.join(cat)}"),
                       ("variants", "a list of variant names")):
@@ -537,6 +563,8 @@ def load_spec(name_or_path: str) -> Spec:
         L.fail("description", f"expected a string, got {show(description)}")
 
     h = hashlib.sha256(data)
+    for plugin in plugins:
+        h.update(plugin["sha256"].encode())
     model, model_name = {}, None
     if "model" in doc:
         model_name = L.string(doc["model"], "model")
@@ -620,4 +648,4 @@ def load_spec(name_or_path: str) -> Spec:
     return Spec(path=path, name=name, family=family, description=description, model_name=model_name,
                 model=model, baseline=baseline, sweep=sweep, quick=quick, verify=verify,
                 verify_quick=verify_quick, pivot=pivot, timing=timing, seed=seed, max_cases=max_cases,
-                sha256=h.hexdigest())
+                sha256=h.hexdigest(), plugins=plugins)

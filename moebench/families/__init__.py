@@ -164,9 +164,13 @@ class FamilySpec:
         return tuple(n for n, p in self.params.items() if p.role == "launch")
 
     def variant(self, name: str, *, doc: str, params: tuple[str, ...] = (),
-                env: dict[str, tuple[str, Any]] | None = None, source: str = "builtin"):
+                env: dict[str, tuple[str, Any]] | None = None, source: str | None = None):
         """Decorator: `fn` builds variant `name`. For a kernel family, fn(inputs, params, device)
-        -> Built; for a host-only family, fn(params) -> dict of results."""
+        -> Built; for a host-only family, fn(params) -> dict of results. `source` defaults to
+        "builtin", or "plugin FILE" while a plugin file registers it."""
+        from moebench.sources.plugins import current_source
+
+        source = source or current_source() or "builtin"
         declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source)
         for p in declared.launch_params:
             if p not in self.params or self.params[p].role != "launch":
@@ -175,7 +179,7 @@ class FamilySpec:
 
         def register(fn: Callable) -> Callable:
             have = self.variants.get(name)
-            if have is not None and have.builder is None:
+            if have is not None and have.builder is None and have.source == declared.source:
                 if have != declared:  # the source text and the running module disagree
                     raise ValueError(f"variant {name!r} of {self.name!r}: its declaration in {self.kernels} differs "
                                      "from what the source text says (decorator arguments must be literals)")
@@ -183,6 +187,8 @@ class FamilySpec:
             elif have is not None and have.builder is not fn:
                 raise ValueError(f"variant {name!r} of family {self.name!r} is registered twice "
                                  f"({have.source} and {source}); give the new one another name")
+            elif have is not None:
+                return fn
             else:
                 declared.builder = fn
                 self.variants[name] = declared
@@ -222,13 +228,25 @@ class FamilySpec:
             out[name], sources[name] = _read_switch(self.params[name], var, default, environ)
         return out, sources
 
+    # what the session calls on a kernel family's module (touched_bytes is optional)
+    KERNEL_API = ("build_inputs", "input_bytes", "reference", "check", "nonvacuity", "work")
+
     def load(self):
         """Import the kernels module (torch, triton) and return it."""
         from moebench.core import interpret
 
         if interpret.active():
             interpret.compat()
-        return importlib.import_module(self.kernels) if self.kernels else None
+        if not self.kernels:
+            return None
+        module = importlib.import_module(self.kernels)
+        missing = [] if self.host_only else [f for f in self.KERNEL_API if not callable(getattr(module, f, None))]
+        if missing:
+            from moebench.errors import UsageError
+
+            raise UsageError(f"family {self.name!r} ({self.origin}): its module {self.kernels} does not define "
+                             f"{', '.join(missing)}; a kernel family's module provides {', '.join(self.KERNEL_API)}")
+        return module
 
 
 def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -> tuple[Any, str]:
@@ -307,13 +325,18 @@ _CATALOGUE: dict[str, FamilySpec] | None = None
 
 
 def catalogue() -> dict[str, FamilySpec]:
-    """Every family: the built-in ones, then those plugins registered."""
+    """Every family: the built-in ones, then those plugins registered (installed entry points and
+    the files in $MOEBENCH_PLUGINS are loaded on first use; --plugin and a spec's plugins: add
+    theirs when they are read)."""
     global _CATALOGUE
     if _CATALOGUE is None:
         _CATALOGUE = {}
         for name in BUILTIN:
             fam = importlib.import_module(f"{__name__}.{name}").FAMILY
             _CATALOGUE[fam.name] = fam
+        from moebench.sources.plugins import load_installed
+
+        load_installed()
     return _CATALOGUE
 
 
@@ -326,6 +349,10 @@ def get_family(name: str) -> FamilySpec:
 
 def register_family(fam: FamilySpec) -> FamilySpec:
     """Add a family (from a plugin) to the catalogue."""
+    from moebench.sources.plugins import current_source
+
+    if fam.origin == "builtin" and current_source():
+        fam.origin = current_source()
     cat = catalogue()
     have = cat.get(fam.name)
     if have is not None and have is not fam:

@@ -1,0 +1,125 @@
+"""Your own kernel from a file: plugins register variants of a family, or a whole family, through
+the same calls the built-in families use.
+
+Three ways in:
+
+- ``--plugin FILE.py`` (repeatable) on sweep, verify, validate, list and ab;
+- a spec's ``plugins:`` list (paths relative to the spec file), so a spec carries its kernels;
+- the ``moebench.plugins`` entry-point group of an installed package (the entry point names a
+  module; importing it registers).
+
+A plugin is ordinary Python, run once per process. It adds a variant to a family with
+``@get_family("count").variant(name, doc=..., params=(...))`` on a builder, or a family with
+``register_family(FamilySpec(..., kernels=__name__))`` (its module then provides build_inputs,
+input_bytes, reference, check, nonvacuity and work, as a family's kernels.py does). Variants it
+registers are recorded with ``source="plugin FILE"``. Loaded files are listed in $MOEBENCH_PLUGINS
+too, so the per-GPU worker processes load the same ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+
+from moebench.errors import MoebenchError, UsageError
+
+ENV = "MOEBENCH_PLUGINS"
+GROUP = "moebench.plugins"
+
+_LOADED: dict[Path, tuple[ModuleType, str]] = {}  # resolved path -> (module, sha256 of its bytes)
+_CURRENT: list[str] = []  # the plugin being loaded: what a variant registered now is recorded as
+_INSTALLED = False
+
+
+def current_source() -> str | None:
+    """'plugin FILE' while a plugin file (or entry point) runs, else None."""
+    return _CURRENT[-1] if _CURRENT else None
+
+
+def load_file(path: str | Path, where: str = "--plugin") -> ModuleType:
+    """Run a plugin file once (later calls return the same module). Errors name the file and
+    what went wrong, as a UsageError."""
+    p = Path(path).expanduser()
+    try:
+        key = p.resolve()
+    except (OSError, RuntimeError) as e:
+        raise UsageError(f"{where}: {path}: cannot resolve ({e})") from None
+    if key in _LOADED:
+        return _LOADED[key][0]
+    if not key.is_file():
+        raise UsageError(f"{where}: {path}: no such file" + ("" if not key.exists() else " (not a regular file)"))
+    if key.suffix != ".py":
+        raise UsageError(f"{where}: {path}: expected a Python file (.py)")
+    data = key.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    name = f"moebench_plugin_{key.stem.replace('-', '_')}_{digest[:8]}"
+    spec = importlib.util.spec_from_file_location(name, key)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    _CURRENT.append(f"plugin {key}")
+    try:
+        spec.loader.exec_module(module)
+    except MoebenchError:
+        del sys.modules[name]
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure in a user's file is that file's error, one line
+        del sys.modules[name]
+        raise UsageError(f"{where}: {path}{_line_of(e, key)}: {type(e).__name__}: {_first(e)}") from None
+    finally:
+        _CURRENT.pop()
+    _LOADED[key] = (module, digest)
+    listed = [x for x in os.environ.get(ENV, "").split(os.pathsep) if x]
+    if str(key) not in listed:
+        os.environ[ENV] = os.pathsep.join(listed + [str(key)])
+    return module
+
+
+def use(paths) -> None:
+    for p in paths or ():
+        load_file(p)
+
+
+def load_installed() -> None:
+    """The plugins listed in $MOEBENCH_PLUGINS and the installed entry points, once per process."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    for p in [x for x in os.environ.get(ENV, "").split(os.pathsep) if x]:
+        load_file(p, where=f"${ENV}")
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=GROUP):
+        _CURRENT.append(f"plugin {ep.value} (entry point {ep.name})")
+        try:
+            ep.load()
+        except MoebenchError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise UsageError(f"entry point {ep.name} = {ep.value} ({GROUP}): {type(e).__name__}: {_first(e)}") from None
+        finally:
+            _CURRENT.pop()
+
+
+def loaded() -> list[dict]:
+    """The plugin files this process runs, with their hashes, for a results file's provenance."""
+    return [{"path": str(p), "sha256": digest} for p, (_, digest) in _LOADED.items()]
+
+
+def _first(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else repr(e)
+
+
+def _line_of(e: BaseException, path: Path) -> str:
+    if isinstance(e, SyntaxError) and e.lineno:
+        return f":{e.lineno}"
+    for fr in reversed(traceback.extract_tb(e.__traceback__)):
+        if Path(fr.filename) == path:
+            return f":{fr.lineno}"
+    return ""
