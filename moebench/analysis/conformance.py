@@ -1,8 +1,9 @@
 """Seed kernels beside their upstream twins: is moebench's seed baseline the kernel the PR changed?
 
 A *twin pair* is a record of an `upstream` variant (Megatron's kernel, imported at run time) and
-a record of one of moebench's own variants from the same run with the same shape and the same
-launch (every numeric launch value equal: block, warps, grid or NUM_BLOCKS, ...). Both were timed
+a record of one of the moebench variants it names as its twins (the seed baselines: same
+mechanism, written here) from the same run, with the same shape and the same launch (every
+numeric launch value equal: block, warps, grid or NUM_BLOCKS, ...). Both were timed
 by the same timer over the same buffer rotation, so their ratio says whether the two kernels are
 the same mechanism: within the family's `twin_tolerance` (count 5%, where counter placement alone
 moves the kernel by 20-40% between allocations; activation 3%) they are. Each side was checked
@@ -48,21 +49,13 @@ class Twin:
         return None if r is None or self.tolerance is None else abs(r - 1) <= self.tolerance
 
 
-def _source(rec: Record) -> str | None:
-    from moebench.families import catalogue
-
-    fam = catalogue().get(rec.family)
-    v = fam.variants.get(rec.variant) if fam else None
-    return v.source if v else None
-
-
 def _launch_key(rec: Record) -> tuple:
     return tuple(sorted((k, v) for k, v in rec.launch.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)))
 
 
 def twins(records: Sequence[Record]) -> list[Twin]:
-    """Every (own variant, upstream variant) pair of ok records with equal shape and launch, in
+    """Every (seed variant, its upstream twin) pair of ok records with equal shape and launch, in
     record order."""
     from moebench.families import catalogue
 
@@ -71,18 +64,19 @@ def twins(records: Sequence[Record]) -> list[Twin]:
     theirs = []
     for r in records:
         fam = cat.get(r.family)
-        if fam is None or r.status != "ok":
+        v = fam.variants.get(r.variant) if fam is not None else None
+        if v is None or r.status != "ok":
             continue
         key = (r.family, tuple((k, r.params.get(k)) for k in fam.shape_params), _launch_key(r))
-        if _source(r) == "upstream":
-            theirs.append((key, r))
+        if v.twins:
+            theirs.append((key, r, v.twins))
         else:
             ours.setdefault(key, []).append(r)
     out = []
-    for key, t in theirs:
-        fam = cat[t.family]
+    for key, t, names in theirs:
         for o in ours.get(key, ()):
-            out.append(Twin(t.family, dict(key[1]), dict(key[2]), o, t, fam.twin_tolerance))
+            if o.variant in names:
+                out.append(Twin(t.family, dict(key[1]), dict(key[2]), o, t, cat[t.family].twin_tolerance))
     return out
 
 

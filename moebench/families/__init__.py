@@ -104,6 +104,8 @@ class VariantSpec:
     # resolve time, like the seed PRs' MCORE_* switches
     env: dict[str, tuple[str, Any]] = field(default_factory=dict)
     source: str = "builtin"  # builtin | upstream | plugin FILE
+    # an upstream variant names moebench's variants that implement the same kernel (its twins)
+    twins: tuple[str, ...] = ()
     builder: Callable | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -164,14 +166,15 @@ class FamilySpec:
         return tuple(n for n, p in self.params.items() if p.role == "launch")
 
     def variant(self, name: str, *, doc: str, params: tuple[str, ...] = (),
-                env: dict[str, tuple[str, Any]] | None = None, source: str | None = None):
+                env: dict[str, tuple[str, Any]] | None = None, source: str | None = None,
+                twins: tuple[str, ...] = ()):
         """Decorator: `fn` builds variant `name`. For a kernel family, fn(inputs, params, device)
         -> Built; for a host-only family, fn(params) -> dict of results. `source` defaults to
         "builtin", or "plugin FILE" while a plugin file registers it."""
         from moebench.sources.plugins import current_source
 
         source = source or current_source() or "builtin"
-        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source)
+        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source, tuple(twins))
         for p in declared.launch_params:
             if p not in self.params or self.params[p].role != "launch":
                 raise ValueError(f"variant {name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
@@ -283,6 +286,7 @@ def declared_variants(path: Path, family: FamilySpec) -> list[VariantSpec]:
             except ValueError:
                 raise ValueError(f"{path}:{dec.lineno}: @variant arguments must be literals") from None
             kw["params"] = tuple(kw.get("params", ()))
+            kw["twins"] = tuple(kw.get("twins", ()))
             kw["env"] = {k: tuple(v) for k, v in (kw.get("env") or {}).items()}
             out.append(VariantSpec(*args, **kw))
     return out

@@ -489,6 +489,7 @@ def build_live_bound(inp: Inputs, params: dict, device) -> Built:
 
 
 @FAMILY.variant("upstream", params=("grid_cap", "num_warps"), source="upstream",
+                twins=("capped", "legacy", "shipped"),
                 doc="Megatron's kernel for the op (_silu_mul_bounded_kernel, _swiglu_kernel, _squared_relu_kernel), "
                     "imported at run time, at NUM_BLOCKS = min(next_pow2(rows), grid_cap)")
 def build_upstream(inp: Inputs, params: dict, device) -> Built:

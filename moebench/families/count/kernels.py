@@ -456,6 +456,7 @@ def build_privatized(inp: Inputs, params: dict, device) -> Built:
 
 
 @FAMILY.variant("upstream", params=("block_size", "num_warps", "grid"), source="upstream",
+                twins=("persistent", "shipped"),
                 doc="Megatron's _count_local_tokens_kernel_persistent, imported at run time, at this case's "
                     "BLOCK_SIZE, warps and grid")
 def build_upstream(inp: Inputs, params: dict, device) -> Built:
@@ -468,6 +469,7 @@ def build_upstream(inp: Inputs, params: dict, device) -> Built:
 
 
 @FAMILY.variant("upstream-nonpersistent", params=("block_size", "num_warps"), source="upstream",
+                twins=("nonpersistent",),
                 doc="Megatron's _count_local_tokens_kernel, imported at run time, grid from the capacity")
 def build_upstream_nonpersistent(inp: Inputs, params: dict, device) -> Built:
     from moebench.sources import upstream
