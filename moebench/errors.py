@@ -62,3 +62,8 @@ class Unavailable(Exception):
     """A variant's kernel source is missing here (an upstream kernel that is not installed, a
     plugin's dependency): its cases are recorded as `unavailable` with this message, which says
     what to install or point at. Not a failure: the sweep goes on and exits 0."""
+
+
+class OutputError(MoebenchError):
+    """A results file or folder cannot be written (a file where a folder is meant, no permission,
+    the disk full): names the path and the reason, exit 2."""

@@ -34,6 +34,8 @@ class CompareRow:
     noise: float | None  # combined relative noise
     verdict: str  # one of VERDICTS, or "—" when the case could not be compared
     note: str = ""
+    new_status: str = "ok"
+    judged: bool = False  # both medians and both noise estimates were there: the verdict rests on data
 
 
 @dataclass
@@ -55,6 +57,29 @@ class CompareReport:
     @property
     def regressions(self) -> list[CompareRow]:
         return [r for r in self.rows if r.verdict == "SLOWER"]
+
+    @property
+    def failed_in_new(self) -> list[CompareRow]:
+        return [r for r in self.rows if r.new_status not in ("ok", "unavailable")]
+
+    def gate(self) -> tuple[int, str]:
+        """The exit code of `--fail-on-regression` and why. Fails closed: 2 when the files cannot
+        support a verdict (nothing compared, a case of BASE missing from NEW, a matched case without
+        both times and noise estimates); else 1 when a case is SLOWER or failed in NEW; else 0."""
+        if not self.rows:
+            return 2, "BASE and NEW share no case: nothing was compared"
+        blind = [r for r in self.rows if not r.judged and r.new_status in ("ok", "unavailable")]
+        if blind:
+            return 2, (f"{len(blind)} of {len(self.rows)} matched cases could not be judged "
+                       f"({blind[0].case_id} {blind[0].label}: {blind[0].note or 'no verdict'})")
+        if self.only_base:
+            return 2, f"{len(self.only_base)} cases of BASE are not in NEW, so the gate cannot vouch for them"
+        if self.failed_in_new:
+            r = self.failed_in_new[0]
+            return 1, f"{len(self.failed_in_new)} cases failed in NEW ({r.case_id} {r.label}: {r.new_status})"
+        if self.regressions:
+            return 1, f"{len(self.regressions)} cases are SLOWER"
+        return 0, "no regression"
 
     def summary(self) -> str:
         c = self.counts()
@@ -99,15 +124,47 @@ def classify(base: float, new: float, base_noise: float | None, new_noise: float
     return "UNCLEAR", d, n
 
 
+GROUPS = ("timing", "work", "cross", "checks")
+
+
+def _raw(rec: Record, metric: str) -> Any:
+    for g in GROUPS:
+        grp = getattr(rec, g)
+        if metric in grp:
+            return grp[metric]
+    return None
+
+
+def check_times(records: list[Record], name: str, metric: str) -> None:
+    """Fail closed on the inputs: the metric must be a column of the file, and every value it has
+    in a passing record must be a positive, finite number (a NaN or a zero time would read as a
+    huge speed-up)."""
+    if not any(metric in getattr(r, g) for r in records for g in GROUPS):
+        cols = sorted({k for r in records for k, v in r.timing.items() if isinstance(v, (int, float))})
+        raise UsageError(f"--metric: {name} has no column {metric!r}"
+                         + (f"; its timing columns: {', '.join(cols)}" if cols else
+                            " and no timings at all (an interpreter run records none)"))
+    for r in records:
+        v = _raw(r, metric)
+        if r.status != "ok" or v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise UsageError(f"{name}: case {r.case_id} ({r.label} {_short(r.params)}): {metric} is {v!r}; a time "
+                             "must be a positive number")
+
+
 def compare_records(base: list[Record], new: list[Record], *, threshold: float = 0.05,
                     metric: str = "median_us") -> CompareReport:
+    check_times(base, "BASE", metric)
+    check_times(new, "NEW", metric)
     bmap, nmap = _by_case(base, "BASE"), _by_case(new, "NEW")
     rows = []
     for cid, b in bmap.items():
         n = nmap.get(cid)
         if n is None:
             continue
-        row = CompareRow(cid, b.label, b.params, metric_of(b, metric), metric_of(n, metric), None, None, "—")
+        row = CompareRow(cid, b.label, b.params, metric_of(b, metric), metric_of(n, metric), None, None, "—",
+                         new_status=n.status)
         if b.status != "ok" or n.status != "ok":
             which = [f"{s} {r.status}" for s, r in (("BASE", b), ("NEW", n)) if r.status != "ok"]
             row.note = "; ".join(which)
@@ -119,6 +176,7 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
         else:
             row.verdict, row.diff, row.noise = classify(row.base_us, row.new_us, record_noise(b),
                                                         record_noise(n), threshold)
+            row.judged = row.noise is not None
             if row.noise is None:
                 row.note = "no noise estimate"
             notes = [f"{s} clock dropped" for s, r in (("BASE", b), ("NEW", n)) if r.timing.get("clock_ok") is False]

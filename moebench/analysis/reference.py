@@ -45,19 +45,17 @@ def reference_names() -> list[str]:
 
 
 def load_reference(name: str) -> Reference:
-    """moebench/reference/NAME.yaml as records (one per published cell), labelled with the
-    reference's label so they sit beside a measurement without being mistaken for one."""
-    import yaml
-
+    """moebench/analysis/reference/NAME.yaml as records (one per published cell), labelled with the
+    reference's label so they sit beside a measurement without being mistaken for one. NAME must
+    be one of the shipped tables (no paths), read with the specs' hardened YAML loader."""
     from moebench.core.cases import case_id
+    from moebench.core.spec import read_yaml
 
+    known = reference_names()
+    if name not in known:
+        raise UsageError(f"unknown reference {name!r}; known: {', '.join(known) or 'none'} (the shipped tables)")
     path = REFERENCE_DIR / f"{name}.yaml"
-    if not path.exists():
-        raise UsageError(f"unknown reference {name!r}; known: {', '.join(reference_names()) or 'none'}")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UsageError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    doc, _ = read_yaml(path)
     if not isinstance(doc, dict) or "family" not in doc:
         raise UsageError(f"{path}: not a reference table (expected a mapping with family, table or points)")
     fam, label = doc["family"], doc.get("label", name)

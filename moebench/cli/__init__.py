@@ -20,10 +20,10 @@ import sys
 import typer
 
 from moebench.cli import analysis, dist, info, run
-from moebench.cli.common import STATE, err
+from moebench.cli.common import STATE, err, fit_consoles, install_interrupts
 from moebench.errors import ExitCode, Interrupted, MoebenchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="CUDA-graph microbenchmarks for the small kernels of MoE inference.\n\n"
                        "Exit codes: 0 ok; 1 a case failed; 2 a usage, spec or results-file error; 3 an internal "
                        "error (a bug); 130/143 interrupted (completed records saved).")
@@ -37,6 +37,25 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show trac
 
 
 def main() -> None:
+    import signal
+
+    fit_consoles()
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    install_interrupts()
+    try:
+        _main()
+    finally:
+        if STATE.get("signalled"):
+            # exiting after a signal: a later one must not interrupt the shutdown. Python resets its
+            # own handlers to the default (die) when it finalizes, but leaves an ignored signal ignored.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:  # in-process callers (the tests) get their handlers back
+            signal.signal(signal.SIGINT, handlers[0])
+            signal.signal(signal.SIGTERM, handlers[1])
+
+
+def _main() -> None:
     try:
         rc = app(standalone_mode=False)  # click hands typer.Exit's code back in this mode
         sys.exit(int(rc) if isinstance(rc, int) else ExitCode.OK)
@@ -50,15 +69,15 @@ def main() -> None:
         sys.exit(int(e.exit_code))
     except typer.Exit as e:
         sys.exit(int(e.exit_code))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         err.print("interrupted", markup=False)
-        sys.exit(ExitCode.INTERRUPTED + 2)
+        sys.exit(ExitCode.INTERRUPTED + getattr(e, "signum", 2))
     except Exception as e:  # click usage errors (typer may vendor click) and anything unexpected
         if hasattr(e, "show") and hasattr(e, "exit_code"):  # a click UsageError / BadParameter
             e.show()
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort":
-            err.print("aborted")
+            err.print("aborted", markup=False)
             sys.exit(ExitCode.INTERRUPTED + 2)
         if STATE["verbose"]:
             raise

@@ -8,11 +8,13 @@ Everything but `ab` runs without torch.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect_text, noise_text, per_step,
                                   projection_text, run_arms, separation_cell, separation_text, settings_text, us)
@@ -20,7 +22,7 @@ from moebench.cli.common import MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, 
 from moebench.core.text import md_table, num
 from moebench.errors import BackendError, ExitCode, UsageError
 
-app = typer.Typer()
+app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
 def _ab_table(pairs: list[ABPair], layers: int | None) -> Table:
     t = Table(title="A/B per case (µs per launch; ON - OFF)", title_justify="left")
@@ -30,12 +32,12 @@ def _ab_table(pairs: list[ABPair], layers: int | None) -> Table:
     for p in pairs:
         st = p.stats
         if st is None:
-            t.add_row(p.text, "[red]✗[/red]", "[red]✗[/red]", "", "", f"[red]{p.errors[0]}[/red]", "", "", "")
+            t.add_row(p.text, Text("✗", "red"), Text("✗", "red"), "", "", Text(p.errors[0], "red"), "", "", "")
             continue
         pr = per_step(st.off_mean, st.on_mean, layers)
         colour = {"better": "green", "worse": "red"}.get(st.separation, "yellow")
         t.add_row(p.text, us(st.off_mean), us(st.on_mean), f"{st.delta:+.3f}", f"{100 * st.rel:+.1f}%",
-                  f"[{colour}]{separation_cell(st)}[/{colour}]", f"{us(st.sd_off)} / {us(st.sd_on)}",
+                  Text(separation_cell(st), colour), f"{us(st.sd_off)} / {us(st.sd_on)}",
                   effect_text(st), f"{pr.delta:+.1f} µs" if pr else "none")
     return t
 
@@ -84,7 +86,7 @@ def ab(
     pairs, notes = ab_pairs(sp, expand(sp, quick=quick), offs, ons)
     layers = sp.model.get("moe_layers")
     for n in notes:
-        err.print(f"[yellow]{n}[/yellow]")
+        err.print(n, style="yellow")
     order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
     if dry_run:
         t = Table(title=f"{sp.name} A/B: {len(pairs)} cases x {arms} arms ({order}) x {iters} iterations",
@@ -107,13 +109,20 @@ def ab(
     device = detect(False)
 
     from moebench.analysis import results_json_layout
-    from moebench.core.records import atomic_write_text, provenance
-    from moebench.core.session import Options, Session
+    from moebench.analysis.ab import environment
+    from moebench.core.records import OutputLock, atomic_write_text, provenance, writable_dir
+    from moebench.core.session import Options, Session, check_environment
+
+    for side, cases in ((offs, [p.off for p in pairs]), (ons, [p.on for p in pairs])):
+        with environment([s for s in side if s.env]):  # each arm's kill switches, before any arm runs
+            check_environment(sp, cases, device, os.environ)
+    stem = f"{sp.name}-ab" + ("-quick" if quick else "")
+    dest = writable_dir(out_dir / device.slug, "--out")
 
     def make_runner():
         return Session(sp, device, Options(timing=sp.timing, time_it=True, traceback=STATE["verbose"]))
 
-    with Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
+    with OutputLock(dest, stem), Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
         def step(a, side, i, p):
             if a or i or p is not pairs[0]:
                 bar.advance()
@@ -130,13 +139,12 @@ def ab(
     out.print(_ab_table(pairs, layers))
     for p in pairs:
         if p.stats is not None:
-            out.print(f"[bold]{p.text}[/bold]: {separation_text(p.stats)}. {noise_text(p.stats)} "
-                      f"{projection_text(per_step(p.stats.off_mean, p.stats.on_mean, layers))}", highlight=False)
+            out.print(Text.assemble((p.text, "bold"), f": {separation_text(p.stats)}. {noise_text(p.stats)} "
+                                    f"{projection_text(per_step(p.stats.off_mean, p.stats.on_mean, layers))}"),
+                      highlight=False)
     out.print("\n--- markdown for the PR description ---", style="dim")
     out.print(md, markup=False, highlight=False, soft_wrap=True)
 
-    stem = f"{sp.name}-ab" + ("-quick" if quick else "")
-    dest = out_dir / device.slug
     ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
               "moe_layers": layers,
               "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
@@ -151,8 +159,8 @@ def ab(
     out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
     failed = [p for p in pairs if p.errors]
     for p in failed:
-        err.print(f"[red]failed[/red] {p.text}: {p.errors[0]}" + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1
-                                                                   else ""))
+        err.print(Text.assemble(("failed", "red"), f" {p.text}: {p.errors[0]}"
+                                + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1 else "")))
     raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
 
 
@@ -162,7 +170,9 @@ def compare(
     new: Path = typer.Argument(..., help="Results .json of the run to judge."),
     threshold: float = typer.Option(5.0, "--threshold", help="Smallest change worth flagging, in percent."),
     fail_on_regression: bool = typer.Option(False, "--fail-on-regression",
-                                            help="Exit 1 when any case is SLOWER (for CI gating)."),
+                                            help="CI gate: exit 1 when a case is SLOWER or failed in NEW; exit 2 "
+                                                 "when the files cannot support a verdict (no shared case, a case "
+                                                 "of BASE missing from NEW, a case without times or noise)."),
     metric: str = typer.Option("median_us", "--metric", help="Timing column to compare."),
 ):
     """Per case (matched by case_id): SAME / FASTER / SLOWER / UNCLEAR.
@@ -185,20 +195,20 @@ def compare(
     rep = compare_records(rb, rn, threshold=threshold / 100, metric=metric)
     db, dn = (pb.get("device") or {}).get("name"), (pn.get("device") or {}).get("name")
     if db and dn and db != dn:
-        err.print(f"[yellow]BASE ran on {db}, NEW on {dn}: a cross-device comparison[/yellow]")
+        err.print(f"BASE ran on {db}, NEW on {dn}: a cross-device comparison", style="yellow")
     if pb.get("spec_sha256") and pn.get("spec_sha256") and pb["spec_sha256"] != pn["spec_sha256"]:
-        err.print("[yellow]the two runs come from different spec files (sha256 differs); cases are matched by "
-                  "case_id[/yellow]")
+        err.print("the two runs come from different spec files (sha256 differs); cases are matched by case_id",
+                  style="yellow")
     vary = rep.vary
     t = Table(title=f"{base.name} → {new.name}: {metric}", title_justify="left")
     for c in ["case", "variant"] + vary + ["BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]:
         t.add_column(c, justify="right" if c.endswith(("µs", "%")) else "left")
     colour = {"SAME": "", "FASTER": "green", "SLOWER": "red", "UNCLEAR": "yellow"}
     for r in rep.rows:
-        v = r.verdict if not colour.get(r.verdict) else f"[{colour[r.verdict]}]{r.verdict}[/{colour[r.verdict]}]"
         t.add_row(r.case_id, r.label, *[str(r.params.get(k)) for k in vary],
                   num(r.base_us, ".3f"), num(r.new_us, ".3f"), f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
-                  f"{100 * r.noise:.2f}" if r.noise is not None else "—", v, r.note)
+                  f"{100 * r.noise:.2f}" if r.noise is not None else "—", Text(r.verdict, colour.get(r.verdict, "")),
+                  r.note)
     if rep.rows:
         out.print(t)
     for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
@@ -208,10 +218,17 @@ def compare(
                 + (f"; ... {len(recs) - 20} more" if len(recs) > 20 else ""), highlight=False)
     out.print(f"Rule: SLOWER/FASTER when |Δ| ≥ {threshold:g}% and |Δ| > noise; SAME when |Δ| + noise < "
               f"{threshold:g}%; else UNCLEAR (moebench compare --help).", style="dim")
-    out.print(f"[bold]{rep.summary()}[/bold]", highlight=False)
+    out.print(rep.summary(), style="bold", highlight=False)
     if not rep.rows:
-        err.print("[yellow]no case_id appears in both files[/yellow]")
-    raise typer.Exit(1 if fail_on_regression and rep.regressions else 0)
+        raise UsageError(f"{base} and {new} share no case_id: nothing to compare")
+    if fail_on_regression:
+        code, why = rep.gate()
+        if code == 2:
+            raise UsageError(f"--fail-on-regression: {why}; the gate fails closed")
+        if code:
+            err.print(f"--fail-on-regression: {why}", style="red")
+        raise typer.Exit(code)
+    raise typer.Exit(0)
 
 
 @app.command()
@@ -283,6 +300,11 @@ def plot(
         output = Path(results).with_suffix(".png")
     if output.suffix.lower() != ".png":
         raise UsageError(f"-o: expected a .png path, got {output}")
+    if output.is_dir():
+        raise UsageError(f"-o: {output} is a folder; name the .png file to write")
+    from moebench.core.records import writable_dir
+
+    writable_dir(output.parent, "-o")
     drawn = plot_results(records, prov, output, reference=ref, x=x, series=series, metric=metric)
     what = f"{drawn.series} line(s), {drawn.points} point(s)"
     if ref is not None:
@@ -290,7 +312,7 @@ def plot(
     out.print(f"Wrote {drawn.path} — {drawn.title.split(': ', 1)[-1]}: {what}; panels: {', '.join(drawn.panels)}",
               highlight=False)
     for n in drawn.notes:
-        err.print(f"[yellow]{n}[/yellow]")
+        err.print(n, style="yellow")
 
 
 # ============================================================================ helpers

@@ -1,8 +1,14 @@
 """What every command module shares: the two consoles, the verbose flag, option parsers, the
-backend choice, and rendering a pivot as a terminal table. Printing lives in moebench.cli only."""
+backend choice, and rendering a pivot as a terminal table. Printing lives in moebench.cli only.
+
+The consoles never interpret text: markup and emoji codes are off, so a variant label "[/]" or
+a path "a:x:b.yaml" prints as written. Colour comes from `style=` and rich Text, never from
+markup in a string. In a pipe (CI, a log file) they print at full width: a table is never cut
+to 80 columns."""
 
 from __future__ import annotations
 
+import os
 import signal
 from contextlib import contextmanager
 from typing import Iterator
@@ -13,19 +19,26 @@ from rich.table import Table
 
 from moebench.errors import UsageError
 
-out = Console()
-err = Console(stderr=True)
+out = Console(markup=False, emoji=False)
+err = Console(stderr=True, markup=False, emoji=False)
 STATE = {"verbose": False}
 
+# Width of a console that is not a terminal: wide enough that no table or line is ever cut or
+# wrapped (rich would otherwise use 80 columns, or the width of whichever std stream is a terminal).
+PIPE_WIDTH = 100_000
 
-def parse_formats(text: str) -> tuple[str, ...]:
-    from moebench.core.records import FORMATS
 
-    fs = tuple(f.strip() for f in text.split(",") if f.strip())
-    for f in fs:
-        if f not in FORMATS:
-            raise UsageError(f"--format: unknown format {f!r}; choose from {', '.join(FORMATS)}")
-    return fs
+def fit_consoles() -> None:
+    """Full width for each console whose stream is not a terminal; a terminal keeps its width."""
+    for c in (out, err):
+        c.width = PIPE_WIDTH if not c.is_terminal else None  # type: ignore[assignment]
+
+
+def parse_formats(text: str, option: str = "--format") -> tuple[str, ...]:
+    """Known, non-empty, and each format's library importable: checked before anything runs."""
+    from moebench.core.records import check_formats
+
+    return check_formats(text, option)
 
 
 def parse_cross(text: str | None) -> tuple[str, ...]:
@@ -61,20 +74,53 @@ class Signalled(KeyboardInterrupt):
         self.signum = signum
 
 
+def second_interrupt(signum, _frame) -> None:
+    """A second Ctrl-C (or SIGTERM) while the first one winds the run down: leave at once. Every
+    finished record is already in the stream (fsynced) and result files are only ever renamed
+    into place whole, so nothing is lost; unwinding again would only print tracebacks from the
+    middle of the shutdown (torch's atexit hooks)."""
+    os.write(2, b"interrupted again: stopping now; completed records are in the .partial.jsonl stream "
+                b"(rerun with --resume)\n")
+    os._exit(128 + signum)
+
+
+def first_interrupt(signum, _frame) -> None:
+    STATE["signalled"] = True
+    signal.signal(signal.SIGINT, second_interrupt)
+    signal.signal(signal.SIGTERM, second_interrupt)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Signalled(signum)
+
+
+def install_interrupts() -> None:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt (a run stops between cases and keeps what it
+    finished); a second one exits at once (`second_interrupt`). Main thread only, where signals arrive."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, first_interrupt)
+        signal.signal(signal.SIGTERM, first_interrupt)
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    def handler(signum, _frame):
-        raise Signalled(signum)
-
-    old = signal.signal(signal.SIGTERM, handler)
+    """The interrupt handlers for the span of a run (main() installs them for the whole command;
+    this keeps a caller that runs a sweep outside main() covered too)."""
+    old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    install_interrupts()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        if signal.getsignal(signal.SIGINT) is first_interrupt:  # a first interrupt arms second_interrupt: keep it armed
+            signal.signal(signal.SIGINT, old[0])
+            signal.signal(signal.SIGTERM, old[1])
 
 
 def render_table(title: str, t, metric: str, corner: str) -> Table:
     """A pivot (rows x columns of one metric) as a rich table; failed cells in red."""
+    from rich.text import Text
+
     from moebench.core.report import fmt
 
     tab = Table(title=title or None, title_justify="left")
@@ -86,7 +132,7 @@ def render_table(title: str, t, metric: str, corner: str) -> Table:
         cells = []
         for v in row:
             s = fmt(v, metric)
-            cells.append(f"[red]{s}[/red]" if s.startswith("✗") else s)
+            cells.append(Text(s, style="red") if s.startswith("✗") else s)
         tab.add_row(" ".join(str(k) for k in key), *cells)
     return tab
 
@@ -118,8 +164,9 @@ class Bar:
         if err.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._rich = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("{task.fields[item]}"), console=err, transient=True)
+            self._rich = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+                                  MofNCompleteColumn(), TimeElapsedColumn(),
+                                  TextColumn("{task.fields[item]}", markup=False), console=err, transient=True)
             self._task = self._rich.add_task(description, total=total, item="")
 
     def __enter__(self) -> "Bar":

@@ -14,7 +14,7 @@ import typer
 from moebench.cli.common import err, out, parse_formats, print_failures
 from moebench.errors import ExitCode, UsageError
 
-app = typer.Typer()
+app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
 
 def _destination(output: Optional[Path], files: list[Path]) -> tuple[Path, str]:
@@ -38,18 +38,20 @@ def merge(
     output: Optional[Path] = typer.Option(None, "-o", "--out", help="Where to write: a directory, or a path "
                                           "without suffix (default: beside the first file, without .shardIofN)."),
     formats: str = typer.Option("csv,json,md", "--format", help="Comma list of csv,json,md,parquet."),
+    force: bool = typer.Option(False, "--force", help="Replace results files that hold more records than the merge."),
 ):
     """Merge shard results into one file. Shards must share the spec (sha256), the device class, the
     matrix and the timing settings; a case in two files must have identical results. Exit 1 when a
     case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
+    from moebench.core.records import OutputLock, ResultsWriter, writable_dir
+    from moebench.core.report import sweep_markdown, verdict_line
     from moebench.dist.merge import merge_results
     from moebench.families import catalogue
-    from moebench.core.records import ResultsWriter
-    from moebench.core.report import sweep_markdown, verdict_line
 
     fmts = parse_formats(formats)
     m = merge_results(files)
     dest, stem = _destination(output, m.files)
+    writable_dir(dest, "-o")
     inputs = {f.resolve() for f in m.files}
     for suffix in fmts:
         if (dest / f"{stem}.{suffix}").resolve() in inputs:
@@ -62,10 +64,16 @@ def merge(
     if spec is not None and "md" in fmts:
         timed = bool(prov.get("timed"))
         md = sweep_markdown(spec, m.records, prov, metric=None if timed or host_only else "ref_check")
-    paths = ResultsWriter(dest, stem, prov, fmts).finalize(m.records, complete=m.complete, markdown=md)
+    with OutputLock(dest, stem):
+        written = ResultsWriter(dest, stem, prov, fmts, force=force).finalize(m.records, complete=m.complete,
+                                                                              markdown=md)
+    if written.kept is not None:
+        raise UsageError(f"-o: {written.kept[0]} holds {written.kept[1]} records and the merge {len(m.records)}; "
+                         "not replaced (pass --force to replace it)")
+    paths = written.paths
 
     for note in m.notes:
-        err.print(f"[yellow]note: {note}[/yellow]", highlight=False, soft_wrap=True)
+        err.print(f"note: {note}", style="yellow", highlight=False, soft_wrap=True)
     gaps = []
     if m.missing_shards:
         gaps.append(f"shard{'s' if len(m.missing_shards) > 1 else ''} "
@@ -77,9 +85,9 @@ def merge(
     line = (verdict_line(m.records) if not host_only
             else f"{sum(r.status == 'ok' for r in m.records)}/{len(m.records)} cases evaluated")
     dups = f", {m.duplicates} duplicate{'s' if m.duplicates != 1 else ''} kept once" if m.duplicates else ""
-    out.print(f"[bold]{prov.get('sweep')}: merged {len(m.files)} file{'s' if len(m.files) != 1 else ''}, "
+    out.print(f"{prov.get('sweep')}: merged {len(m.files)} file{'s' if len(m.files) != 1 else ''}, "
               f"{len(m.records)} records{dups}: {line}; "
-              f"{'complete' if m.complete else 'INCOMPLETE (' + '; '.join(gaps) + ')'}[/bold]", highlight=False,
+              f"{'complete' if m.complete else 'INCOMPLETE (' + '; '.join(gaps) + ')'}", style="bold", highlight=False,
               soft_wrap=True)
     print_failures(m.records)
     out.print("Wrote " + ", ".join(str(p) for p in paths))

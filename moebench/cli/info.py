@@ -14,7 +14,7 @@ from rich.markup import escape
 from moebench.cli.common import MEGATRON_OPT, PLUGIN_OPT, err, out, render_table, select_backend, use_sources
 from moebench.errors import BackendError, UsageError
 
-app = typer.Typer()
+app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
 
 @app.command()
@@ -133,20 +133,24 @@ def show(
 @app.command()
 def render(results: Path = typer.Argument(..., help="A results .json file; its .md is written beside it.")):
     """Re-render a results file's markdown page with this version's report code (no re-run)."""
-    from moebench.core.records import atomic_write_text, load_results
+    from moebench.core.records import atomic_write_text, load_results, spec_of
     from moebench.core.report import sweep_markdown
-    from moebench.core.spec import load_spec
 
+    dest = results.with_suffix(".md")
+    if results.suffix.lower() == ".md" or dest.resolve() == results.resolve():
+        raise UsageError(f"{results}: render writes the page beside a results .json, so it would overwrite its own "
+                         "input; give the .json")
     prov, records = load_results(results)
     if not records or "sweep" not in prov:
         raise UsageError(f"{results}: no records or no provenance to render")
-    spec = load_spec(prov["sweep"])
+    spec, where = spec_of(prov, results)
+    if spec is None:
+        raise UsageError(f"{results}: cannot find the spec it was made from ({where})")
     if spec.sha256 != prov.get("spec_sha256"):
-        err.print(f"note: sweeps/{prov['sweep']}.yaml changed since {results} was written; "
-                  "its description and pivot are today's")
+        err.print(f"note: {where} changed since {results} was written; its description and pivot are today's",
+                  highlight=False, soft_wrap=True)
     timed = any(r.timing.get("median_us") is not None for r in records)
     md = sweep_markdown(spec, records, prov, metric=None if timed or spec.family.host_only else "ref_check")
-    dest = results.with_suffix(".md")
     atomic_write_text(dest, md)
     out.print(f"Wrote {dest}")
 
@@ -158,10 +162,12 @@ def device(
 ):
     """The GPU, its clocks, and the measured copy ceilings and empty-kernel floor."""
     from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
+    from moebench.core.records import writable_dir
 
     info = select_backend(False)
     if info.backend != "cuda":
         raise BackendError("no CUDA device is visible: nothing to measure (kernels would run under the interpreter)")
+    writable_dir(out_dir / info.slug, "--out")
     clocks = nvml_clocks()
     c = load_or_measure_ceilings(info, out_dir, remeasure=remeasure)
     tab = Table(title=info.name, title_justify="left", show_header=False)

@@ -11,12 +11,13 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from moebench.cli.common import (MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_cross, parse_formats,
                                  print_failures, print_pivots, select_backend, sigterm_as_interrupt, use_sources)
 from moebench.errors import ExitCode, Interrupted, UsageError
 
-app = typer.Typer()
+app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
 
 @dataclass
@@ -44,10 +45,11 @@ def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | No
     vary = varying_params(cases)
     shard_of = None
     if shard is not None or any(k in os.environ for k in ("SLURM_ARRAY_TASK_ID", "SLURM_PROCID")):
-        from moebench.dist.shards import parse_shard, partition
+        from moebench.dist.shards import check_shard_count, parse_shard, partition
 
         shard_of = parse_shard(shard, os.environ)
         if shard_of is not None:
+            check_shard_count(shard_of[1], len(cases), "--shard" if shard is not None else None)
             cases = partition(cases, shard_of[1])[shard_of[0]]
     return Plan(spec, cases, vary, shard_of, quick, verify)
 
@@ -63,17 +65,28 @@ def print_plan(p: Plan) -> None:
     out.print(tab)
 
 
-def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bool, cross_check: str | None,
-            time_it: bool, devices: str | None = None) -> int:
-    """Run a planned sweep or verify matrix and write its results; returns the exit code."""
+# Under the interpreter a case that takes longer than this is a shape too big for the CPU (or a grid
+# of a million programs, run one at a time): the slowest built-in verify case takes ~2 s there.
+CASE_LIMIT_S = 120.0
+
+
+def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bool, force: bool,
+            cross_check: str | None, time_it: bool, devices: str | None = None,
+            case_limit: float = CASE_LIMIT_S) -> int:
+    """Run a planned sweep or verify matrix and write its results; returns the exit code. Every
+    option is checked before the first case runs, and the run holds its output's lock throughout."""
     from moebench.core.device import detect, load_or_measure_ceilings
-    from moebench.core.records import ResultsWriter, previous_records, provenance, result_stem
+    from moebench.core.records import (OutputLock, ResultsWriter, existing_records, previous_records, provenance,
+                                       record_key, result_stem, run_settings, stream_path, writable_dir)
     from moebench.core.report import sweep_markdown, verdict_line
-    from moebench.core.session import Finished, Options, Profiling, Retimed, Started, Summary, run_sweep
+    from moebench.core.session import (Finished, Options, Profiling, Retimed, Started, Summary, check_environment,
+                                       run_sweep)
 
     spec = p.spec
     fmts = parse_formats(formats)
     cross = parse_cross(cross_check)
+    if not case_limit >= 0:
+        raise UsageError(f"--case-limit: expected seconds >= 0 (0: no limit), got {case_limit:g}")
     host_only = spec.family.host_only
     if host_only:
         device = detect(True)
@@ -89,78 +102,102 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
             raise UsageError(f"--devices: one worker per CUDA device, but this run is on {device.name}"
                              + (" (a host-only family)" if host_only else "; drop --devices or --interpret"))
         gpus = parse_devices(devices)
-    if time_it and not timed:
-        err.print("[yellow]No CUDA device: kernels run under the Triton interpreter on the CPU; "
-                  "correctness only, timing columns stay empty.[/yellow]")
-    ceilings = {}
-    if timed:
-        with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
-            ceilings = load_or_measure_ceilings(device, out_dir)
+    check_environment(spec, p.cases, device, os.environ)  # kill-switch variables: exit 2 before any case
     stem = result_stem(spec.name, quick=p.quick, verify=p.verify)
     if p.shard is not None:
         from moebench.dist.shards import shard_stem
 
         stem = shard_stem(stem, *p.shard)
-    dest = out_dir if host_only else out_dir / device.slug
-    extra = {"cross_checks": list(cross), "timed": timed, "shard": list(p.shard) if p.shard else None}
-    if any(spec.family.variants[c.variant].source == "upstream" for c in p.cases):
-        from moebench.sources import upstream
+    writable_dir(out_dir, "--out")
+    dest = writable_dir(out_dir if host_only else out_dir / device.slug, "--out")
 
-        extra["upstream"] = upstream.provenance()
-    from moebench.sources import plugins
+    with OutputLock(dest, stem):
+        have, where = existing_records(dest, stem, fmts)
+        if have > len(p.cases) and not force:
+            raise UsageError(f"{where} holds {have} records and this run has {len(p.cases)} cases: it would be "
+                             "replaced by fewer; pass --force to replace it, or another --out")
+        if time_it and not timed:
+            err.print("No CUDA device: kernels run under the Triton interpreter on the CPU; correctness only, "
+                      "timing columns stay empty.", style="yellow")
+        ceilings = {}
+        if timed:
+            with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
+                ceilings = load_or_measure_ceilings(device, out_dir)
+        settings = run_settings(spec, device, timed=timed, cross=cross, environ=os.environ)
+        extra = {"cross_checks": list(cross), "timed": timed, "n_cases": len(p.cases),
+                 "shard": list(p.shard) if p.shard else None, "settings": settings}
+        if any(spec.family.variants[c.variant].source == "upstream" for c in p.cases):
+            from moebench.sources import upstream
 
-    if plugins.loaded():
-        extra["plugins"] = plugins.loaded()
-    prov = provenance(spec, device, quick=p.quick, verify=p.verify, ceilings=ceilings, extra=extra)
-    writer = ResultsWriter(dest, stem, prov, fmts)
-    done = previous_records(dest, stem, spec.sha256) if resume else {}
-    if resume:
-        n_done = sum(c.id in done for c in p.cases)
-        err.print(f"--resume: {n_done} of {len(p.cases)} cases already done in {dest}/{stem}.*")
-    for c in p.cases:
-        if c.id in done:
-            writer.add(done[c.id])
-    opts = Options(timing=spec.timing, time_it=timed, cross=cross, ceilings=ceilings, traceback=STATE["verbose"])
+            extra["upstream"] = upstream.provenance()
+        from moebench.sources import plugins
 
-    summary = None
-    events = run_sweep(spec, p.cases, opts, device, done=done, gpus=gpus)
-    with sigterm_as_interrupt(), Bar(spec.name, len(p.cases) - len(done)) as bar:
-        try:
-            for ev in events:
-                if isinstance(ev, Started):
-                    bar.note(ev.case.short(p.vary))
-                elif isinstance(ev, Retimed):
-                    bar.note(f"{ev.case.short(p.vary)} (clock {ev.sm_mhz} MHz: timing again)")
-                elif isinstance(ev, Finished):
-                    writer.add(ev.record)
-                    bar.advance()
-                elif isinstance(ev, Profiling):
-                    bar.describe(f"{spec.name}: profiler pass (CUPTI kernel times)")
-                elif isinstance(ev, Summary):
-                    summary = ev
-        except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
-            summary = events.throw(e)
-    records = summary.records
-    prov["sweep_wall_s"] = summary.wall_s  # cases incl. compile + verify
-    prov["compile_s_total"] = summary.compile_s
-    prov["jit_specializations"] = summary.jit_specializations
-    md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
-    paths = writer.finalize(records, complete=summary.complete, markdown=md)
+        if plugins.loaded():
+            extra["plugins"] = plugins.loaded()
+        prov = provenance(spec, device, quick=p.quick, verify=p.verify, ceilings=ceilings, extra=extra)
+        keys = {c.id: record_key(c, settings) for c in p.cases}
+        done = {}
+        if resume or stream_path(dest, stem).exists():
+            found = previous_records(dest, stem, keys, settings)
+            if resume:
+                done = found.kept
+                err.print(found.summary(len(p.cases)), markup=False, highlight=False, soft_wrap=True)
+            elif found.kept:
+                err.print(f"note: {stream_path(dest, stem)} holds {len(found.kept)} finished records of an earlier "
+                          "run under these settings; --resume would keep them (this run keeps them in the stream)",
+                          highlight=False, soft_wrap=True)
+        writer = ResultsWriter(dest, stem, prov, fmts, force=force, keys=keys)
+        writer.add_many(done[c.id] for c in p.cases if c.id in done)
+        opts = Options(timing=spec.timing, time_it=timed, cross=cross, ceilings=ceilings, traceback=STATE["verbose"],
+                       case_limit_s=case_limit or None)
+
+        summary = None
+        events = run_sweep(spec, p.cases, opts, device, done=done, gpus=gpus)
+        with sigterm_as_interrupt(), Bar(spec.name, len(p.cases) - len(done)) as bar:
+            try:
+                for ev in events:
+                    if isinstance(ev, Started):
+                        bar.note(ev.case.short(p.vary))
+                    elif isinstance(ev, Retimed):
+                        bar.note(f"{ev.case.short(p.vary)} (clock {ev.sm_mhz} MHz: timing again)")
+                    elif isinstance(ev, Finished):
+                        writer.add(ev.record)
+                        bar.advance()
+                    elif isinstance(ev, Profiling):
+                        bar.describe(f"{spec.name}: profiler pass (CUPTI kernel times)")
+                    elif isinstance(ev, Summary):
+                        summary = ev
+            except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
+                summary = events.throw(e)
+        records = summary.records
+        prov["sweep_wall_s"] = summary.wall_s  # cases incl. compile + verify
+        prov["compile_s_total"] = summary.compile_s
+        prov["jit_specializations"] = summary.jit_specializations
+        md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
+        written = writer.finalize(records, complete=summary.complete, markdown=md)
+
+    saved = ", ".join(map(str, written.paths + ([written.stream] if written.stream else [])))
+    if written.kept is not None:
+        kept, n = written.kept
+        saved = (f"{written.stream} (kept {kept}, which holds {n} records; --force replaces it with these "
+                 f"{len(records)})")
     if not summary.complete:
-        raise Interrupted(summary.interrupted, f"interrupted after {len(records)} of {len(p.cases)} cases; "
-                          f"completed records saved to {', '.join(map(str, paths))}; rerun with --resume to finish")
+        raise Interrupted(summary.interrupted, f"INCOMPLETE: {len(records)} of {len(p.cases)} cases; completed "
+                          f"records saved to {saved}; rerun with --resume to finish")
+    if written.kept is not None:
+        raise UsageError(f"not written: {saved}")
     if not p.verify:
         print_pivots(spec, records, None if timed or host_only else "ref_check")
     line = verdict_line(records) if not host_only else (
         f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated")
-    out.print(f"[bold]{spec.name}{' verify' if p.verify else ''}: {line}[/bold]"
-              + ("" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"))
+    out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"),
+                            "" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"))
     if not host_only:
         out.print(f"JIT: {summary.jit_specializations} specializations"
                   f"{f' across {len(gpus)} workers' if gpus else ''}, {summary.compile_s:.1f} s compiling "
                   "(excluded from timings)")
     print_failures(records, p.vary)
-    out.print("Wrote " + ", ".join(str(x) for x in paths))
+    out.print("Wrote " + ", ".join(str(x) for x in written.paths))
     failed = any(r.status not in ("ok", "unavailable") for r in records)
     return ExitCode.CASE_FAILED if failed else ExitCode.OK
 
@@ -176,8 +213,10 @@ def sweep(
     dry_run: bool = typer.Option(False, "--dry-run", help="List the cases and exit."),
     interpret: bool = typer.Option(False, "--interpret", help="Run kernels under the Triton interpreter (CPU)."),
     formats: str = typer.Option("csv,json,md", "--format", help="Comma list of csv,json,md,parquet."),
-    force: bool = typer.Option(False, "--force", help="Allow more cases than the spec's max_cases."),
-    resume: bool = typer.Option(False, "--resume", help="Skip cases already in OUT for the same spec."),
+    force: bool = typer.Option(False, "--force", help="Run more cases than the spec's max_cases (never past the hard "
+                               "limit of a million), and replace results files that hold more records."),
+    resume: bool = typer.Option(False, "--resume", help="Keep the finished records of an earlier run into the same "
+                                "OUT whose settings match, and run only the other cases."),
     cross_check: Optional[str] = typer.Option(None, "--cross-check",
                                               help="Also time with: dobench (triton do_bench_cudagraph), profiler "
                                                    "(CUPTI kernel time)."),
@@ -185,6 +224,8 @@ def sweep(
     shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run shard I of N (0-based); default from "
                                         "SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set."),
     devices: Optional[str] = typer.Option(None, "--devices", help="all or 0,1,...: one worker process per GPU."),
+    case_limit: float = typer.Option(CASE_LIMIT_S, "--case-limit", help="Under the Triton interpreter, stop a case "
+                                     "after this many seconds and record it as an error (0: no limit)."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
@@ -197,8 +238,8 @@ def sweep(
     if not p.cases:
         err.print(f"shard {p.shard[0]}/{p.shard[1]} holds no cases; nothing to do")
         raise typer.Exit(ExitCode.OK)
-    raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats=formats, resume=resume,
-                             cross_check=cross_check, time_it=True, devices=devices))
+    raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats=formats, resume=resume, force=force,
+                             cross_check=cross_check, time_it=True, devices=devices, case_limit=case_limit))
 
 
 @app.command()
@@ -214,5 +255,5 @@ def verify(
     """Run the spec's correctness matrix only; prints e.g. '2280/2280 exact'."""
     use_sources(plugin, megatron_lm, interpret=interpret)
     p = plan(spec, quick=quick, verify=True, force=force, l2=None, shard=None)
-    raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats="json,md", resume=False,
+    raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats="json,md", resume=False, force=force,
                              cross_check=None, time_it=False))

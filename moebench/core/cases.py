@@ -7,14 +7,14 @@ of a spec that leave the case itself unchanged.
 
 from __future__ import annotations
 
+import ast
 import hashlib
-import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from moebench.errors import SpecError
-from moebench.core.expr import ExprError, compile_expr, evaluate
+from moebench.core.expr import ExprError, compile_expr, evaluator
 from moebench.families import REQUIRED
 from moebench.core.spec import Matrix, Spec
 from moebench.core.text import varying
@@ -42,17 +42,9 @@ def case_id(family: str, label: str, params: dict[str, Any]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
-def _product(axes: dict[str, list], zips: list[dict[str, list]]):
-    names = list(axes)
-    groups = [[dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]]
-    for z in zips:
-        n = len(next(iter(z.values())))
-        groups.append([{k: z[k][i] for k in z} for i in range(n)])
-    for parts in itertools.product(*groups):
-        out: dict[str, Any] = {}
-        for p in parts:
-            out.update(p)
-        yield out
+# No spec key or flag lifts a product of axes past this: a million cases is already days of GPU
+# time, and expanding (or validating) a larger product would take minutes and gigabytes.
+HARD_MAX_CASES = 1_000_000
 
 
 def count_product(m: Matrix) -> int:
@@ -86,21 +78,54 @@ def _where_key(spec: Spec, m: Matrix, pre: str) -> str:
     return pre + "where"
 
 
+def _conjuncts(tree: ast.Expression) -> list[ast.Expression]:
+    """`a and b and c` as three filters, so each can prune the product as soon as its own names
+    are bound; anything else as itself."""
+    body = tree.body
+    if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And):
+        return [ast.Expression(body=v) for v in body.values]
+    return [tree]
+
+
+def _levels(axes: dict[str, list], zips: list[dict[str, list]], keep: set[str]) -> list[list[dict]]:
+    """The product as nested levels, slowest first: one level per axis, then one per zip group
+    (the order the cases come out in). Names not in `keep` (set elsewhere for this variant) do not
+    change a case, so their levels are left out; the distinct cases and their order stay the same."""
+    levels = [[{n: v} for v in vals] for n, vals in axes.items() if n in keep]
+    for z in zips:
+        names = [n for n in z if n in keep]
+        if names:
+            rows = len(next(iter(z.values())))
+            levels.append([{n: z[n][i] for n in names} for i in range(rows)])
+    return levels
+
+
 def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool = False) -> list[Case]:
+    """The cases of a matrix, in order: variants, then the product of axes and zip groups (last
+    axis fastest), filtered by `where`, checked against the family's rules, duplicates dropped.
+
+    The count before filters is computed first (`count_product`): past max_cases it needs --force,
+    past HARD_MAX_CASES nothing lifts it. The product is never materialised: it is walked level by
+    level, and each `where` conjunct is evaluated at the first level that binds all its names, so a
+    filter that pins one axis prunes the rest of the product under every other value."""
     fam = spec.family
     m = spec.matrix(quick=quick, verify=verify)
     pre = _prefix(spec, quick, verify)
     where_key = _where_key(spec, m, pre)
     bound = count_product(m)
+    if bound > HARD_MAX_CASES:
+        raise SpecError(spec.path, pre + "axes", f"expands to up to {bound} cases before filters, over moebench's "
+                        f"hard limit of {HARD_MAX_CASES} (no key or flag lifts it); split the sweep")
     if bound > spec.max_cases and not force:
         raise SpecError(spec.path, pre + "axes", f"expands to up to {bound} cases, over max_cases={spec.max_cases}; "
                         "narrow the axes, raise max_cases, or pass --force")
-    wheres = [(compile_expr(w, fam.params), w) for w in m.where]
+    wheres = [(c, w) for w in m.where for c in _conjuncts(compile_expr(w, fam.params))]
     rules = [(compile_expr(r, fam.params), r, msg) for r, msg in fam.rules]
+    compiled = {id(t): evaluator(t) for t, _ in wheres} | {id(t): evaluator(t) for t, _, _ in rules}
 
     def check(tree, text: str, env: dict, params: dict, label: str, key: str) -> bool:
         try:
-            return bool(evaluate(tree, env))
+            return bool(compiled[id(tree)](env))
         except ExprError as e:
             names = sorted(tree_names(tree))
             shown = ", ".join(f"{k}={env[k]!r}" for k in names)
@@ -113,37 +138,65 @@ def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool
     seen: set[str] = set()
     for ve in m.variants:
         used = set(fam.variants[ve.variant].params)
-        for point in _product({**m.axes, **ve.axes}, m.zips):
-            params: dict[str, Any] = {}
-            origins: dict[str, str] = {}
-            for name, p in fam.params.items():
-                if p.role == "launch" and name not in used:
-                    params[name] = None
-                    continue
-                origin = "spec"
-                if name in ve.params:
-                    v = ve.params[name]
-                elif name in point:
-                    v = point[name]
-                elif name in m.fixed:
-                    v = m.fixed[name]
-                elif p.model_key and p.model_key in spec.model:
-                    v, origin = spec.model[p.model_key], f"model {spec.model_name}"
-                elif name == "seed":
-                    v = spec.seed
-                elif p.default is not REQUIRED:
-                    v, origin = p.default, "default"
-                else:
-                    hint = " or name a model config that has it" if p.model_key else ""
-                    raise SpecError(spec.path, pre + "fixed", f"parameter {name!r} has no value; set it in "
-                                    f"axes or fixed{hint} ({p.help})")
-                params[name] = v
-                origins[name] = origin
-            env = {k: (v if v is not None else 0) for k, v in params.items()}
-            if not all(check(tree, text, env, params, ve.label, where_key) for tree, text in wheres):
+        axes = {**m.axes, **ve.axes}
+        point_names = set(axes) | {n for z in m.zips for n in z}
+        # every value that does not change along the product, resolved once per variant
+        const: dict[str, Any] = {}
+        origins: dict[str, str] = {}
+        for name, p in fam.params.items():
+            if p.role == "launch" and name not in used:
+                const[name] = None
                 continue
+            origin = "spec"
+            if name in ve.params:
+                v = ve.params[name]
+            elif name in point_names:
+                origins[name] = origin
+                continue
+            elif name in m.fixed:
+                v = m.fixed[name]
+            elif p.model_key and p.model_key in spec.model:
+                v, origin = spec.model[p.model_key], f"model {spec.model_name}"
+            elif name == "seed":
+                v = spec.seed
+            elif p.default is not REQUIRED:
+                v, origin = p.default, "default"
+            else:
+                hint = " or name a model config that has it" if p.model_key else ""
+                raise SpecError(spec.path, pre + "fixed", f"parameter {name!r} has no value; set it in "
+                                f"axes or fixed{hint} ({p.help})")
+            const[name] = v
+            origins[name] = origin
+        levels = _levels(axes, m.zips, set(fam.params) - set(const))
+        bound_at = {}  # name -> the level that binds it (-1: bound before the product)
+        for i, lv in enumerate(levels):
+            for n in lv[0]:
+                bound_at[n] = i
+        env = {k: (v if v is not None else 0) for k, v in const.items()}
+        checks: list[list] = [[] for _ in range(len(levels) + 1)]  # checks[i + 1]: after level i is bound
+        for tree, text in wheres:
+            at = max((bound_at.get(n, -1) for n in tree_names(tree)), default=-1)
+            checks[at + 1].append((tree, text))
+
+        def passes(i: int) -> bool:
+            return all(check(tree, text, env, const, ve.label, where_key) for tree, text in checks[i])
+
+        def walk(i: int):
+            if i == len(levels):
+                yield {k: env[k] for k in bound_at}
+                return
+            for values in levels[i]:
+                env.update(values)
+                if passes(i + 1):
+                    yield from walk(i + 1)
+
+        if not passes(0):
+            continue
+        for point in walk(0):
+            params = {name: (point[name] if name in point else const[name]) for name in fam.params}
+            penv = {k: (v if v is not None else 0) for k, v in params.items()}
             for tree, text, msg in rules:
-                if not check(tree, text, env, params, ve.label, pre + "axes"):
+                if not check(tree, text, penv, params, ve.label, pre + "axes"):
                     shown = ", ".join(f"{k}={params[k]}" for k in sorted(tree_names(tree)))
                     raise SpecError(spec.path, where_key if m.where else pre + "axes",
                                     f"{msg} ({text}) but a case has {shown}; add a where: filter "
@@ -152,7 +205,7 @@ def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool
             if cid in seen:
                 continue
             seen.add(cid)
-            cases.append(Case(fam.name, ve.variant, ve.label, params, cid, origins))
+            cases.append(Case(fam.name, ve.variant, ve.label, params, cid, dict(origins)))
     if not cases:
         shown = "; ".join(m.where)
         raise SpecError(spec.path, where_key if m.where else pre + "axes",
@@ -165,8 +218,6 @@ def expand(spec: Spec, *, quick: bool = False, verify: bool = False, force: bool
 
 
 def tree_names(tree) -> set[str]:
-    import ast
-
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in ("min", "max")}
 
 

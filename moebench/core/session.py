@@ -23,6 +23,7 @@ import os
 import signal
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -44,6 +45,9 @@ class Options:
     cross: tuple[str, ...] = ()
     ceilings: dict[str, Any] = field(default_factory=dict)
     traceback: bool = False  # keep the traceback in a failed record's error
+    # under the interpreter, a case still running after this many seconds is stopped and recorded as
+    # an error (a grid of a million programs runs one program at a time there); None: no limit
+    case_limit_s: float | None = None
 
 
 # ----------------------------------------------------------------------------------- events
@@ -81,6 +85,51 @@ def resolve(spec: Spec, case: Case, device: DeviceInfo, environ: Mapping[str, st
     return spec.family.resolve(case.variant, case.params, device, environ, case.origins)
 
 
+def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ: Mapping[str, str]) -> None:
+    """Resolve one case of each variant (and the baseline launch) up front, so a malformed
+    kill-switch variable stops a run before its first case (UsageError naming the variable and
+    its accepted values), not as a failure in every case. Every switch of the family is checked,
+    read by this run's variants or not: each is part of the settings a record is resumed under.
+    Torch-free: it only resolves."""
+    seen = set()
+    for c in cases:
+        if c.variant not in seen:
+            seen.add(c.variant)
+            resolve(spec, c, device, environ)
+    if spec.baseline and cases:
+        resolve(spec, baseline_case(spec, cases[0]), device, environ)
+    for v in spec.family.variants.values():
+        if v.env and v.name not in seen and cases:
+            spec.family.resolve(v.name, dict(cases[0].params), device, environ)
+
+
+class CaseTimeLimit(Exception):
+    """A case ran past Options.case_limit_s under the interpreter."""
+
+
+@contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise CaseTimeLimit in this (main) thread once `seconds` have passed, and every second after
+    that in case something swallowed the first one; a no-op without a limit or off the main thread."""
+    import threading
+
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_signum, _frame):
+        raise CaseTimeLimit(f"still running after {seconds:g} s under the Triton interpreter (--case-limit); "
+                            "shrink the shape or raise the limit")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 # ----------------------------------------------------------------------------------- the session
 
 
@@ -106,15 +155,7 @@ class Session:
         return len(self._compiled)
 
     def check_environment(self, cases: list[Case]) -> None:
-        """Resolve one case of each variant up front, so a malformed kill-switch variable stops the
-        run before its first case (UsageError), not as a failure in every case."""
-        seen = set()
-        for c in cases:
-            if c.variant not in seen:
-                seen.add(c.variant)
-                resolve(self.spec, c, self.device, self.environ)
-        if self.spec.baseline and cases:
-            resolve(self.spec, baseline_case(self.spec, cases[0]), self.device, self.environ)
+        check_environment(self.spec, cases, self.device, self.environ)
 
     # ------------------------------------------------------------------ running
 
@@ -139,7 +180,8 @@ class Session:
             if self.fam.host_only:
                 rec.work = self.fam.builder(case.variant)(params)
                 return rec
-            self._kernel_case(case, params, rec)
+            with _time_limit(self.opts.case_limit_s if self.device.backend == "interpret" else None):
+                self._kernel_case(case, params, rec)
         except KeyboardInterrupt:
             raise
         except Unavailable as e:
@@ -148,6 +190,10 @@ class Session:
         except Exception as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
             rec.status = "error"
             rec.error = f"{type(e).__name__}: {_one_line(e)}"
+            while e is not None and not isinstance(e, CaseTimeLimit):  # the interpreter wraps what it met
+                e = e.__cause__ or e.__context__
+            if e is not None:
+                rec.error = f"{type(e).__name__}: {_one_line(e)}"
             if self.opts.traceback:
                 rec.error += "\n" + traceback.format_exc()
         return rec

@@ -103,7 +103,7 @@ def merge_results(paths: Sequence[Path]) -> Merged:
                        "coverage is checked by case id only")
 
     # the spec, when its file is still there unchanged: case order, missing cases, baseline deltas, markdown
-    m.spec = _spec_of(prov0)
+    m.spec = _spec_of(prov0, p0)
     order: dict[str, int] = {}
     if m.spec is not None:
         from moebench.core.cases import expand
@@ -133,19 +133,12 @@ def merge_results(paths: Sequence[Path]) -> Merged:
     return m
 
 
-def _spec_of(prov: dict):
+def _spec_of(prov: dict, results: Path):
     """The spec a results file was made from, if its file is here with the same hash; else None."""
-    from moebench.errors import MoebenchError
-    from moebench.core.spec import load_spec
+    from moebench.core.records import spec_of
 
-    path = prov.get("spec_path")
-    if not path:
-        return None
-    try:
-        spec = load_spec(str(path))
-    except (MoebenchError, OSError):
-        return None
-    return spec if spec.sha256 == prov.get("spec_sha256") else None
+    spec, _ = spec_of(prov, results)
+    return spec if spec is not None and spec.sha256 == prov.get("spec_sha256") else None
 
 
 def _merged_provenance(loaded: list, commits: list[str]) -> dict:

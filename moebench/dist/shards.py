@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover
 # ============================================================================ which shard am I
 
 
-SHARD_RE = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
+# at most 18 digits each: an index or count past 10^18 is a typo, and int() of a longer string is slow
+SHARD_RE = re.compile(r"\s*([0-9]{1,18})\s*/\s*([0-9]{1,18})\s*")
 
 
 def parse_shard(text: str | None, env: Mapping[str, str]) -> tuple[int, int] | None:
@@ -49,6 +50,15 @@ def parse_shard(text: str | None, env: Mapping[str, str]) -> tuple[int, int] | N
     return None
 
 
+def check_shard_count(n: int, n_cases: int, option: str | None) -> None:
+    """A split into more shards than there are cases leaves shards with nothing to run (and the
+    split itself costs memory per shard): refuse it, naming where the count came from."""
+    if n > n_cases:
+        where = option or "the Slurm task count (SLURM_ARRAY_TASK_COUNT or SLURM_NTASKS)"
+        raise UsageError(f"{where}: {n} shards for {n_cases} case{'s' if n_cases != 1 else ''}; split into at most "
+                         f"{n_cases} shards")
+
+
 def _array_shard(env: Mapping[str, str]) -> tuple[int, int] | None:
     task = _env_int(env, "SLURM_ARRAY_TASK_ID")
     lo = _env_int(env, "SLURM_ARRAY_TASK_MIN", 0)
@@ -74,6 +84,8 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> i
             raise UsageError(f"{name} is not set; pass --shard I/N")
         return default
     try:
+        if len(raw) > 18:
+            raise ValueError(raw)
         return int(raw)
     except ValueError:
         raise UsageError(f"{name}={raw!r}: expected an integer; pass --shard I/N") from None

@@ -199,12 +199,13 @@ def test_compare_known_regression_and_only_in_one():
 
 
 def test_compare_failed_and_untimed_cases_are_not_compared():
-    base = [count_rec(128, 256, 2.0), count_rec(128, 1024, 2.4)]
-    new = [count_rec(128, 256, None, status="mismatch"), count_rec(128, 1024, None)]
+    base = [count_rec(128, 256, 2.0), count_rec(128, 1024, 2.4), count_rec(128, 4096, 3.0)]
+    new = [count_rec(128, 256, None, status="mismatch"), count_rec(128, 1024, None), count_rec(128, 4096, 3.0)]
     rep = compare_records(base, new)
-    assert [r.verdict for r in rep.rows] == ["—", "—"]
+    assert [r.verdict for r in rep.rows] == ["—", "—", "SAME"]
     assert "NEW mismatch" in rep.rows[0].note and "no timing in NEW" in rep.rows[1].note
     assert not rep.regressions
+    assert rep.gate()[0] == 2  # a case without a time in NEW: the gate cannot vouch for it
 
 
 def test_compare_cli_fails_on_regression(tmp_path, monkeypatch, capsys):

@@ -135,7 +135,7 @@ def _start(spec: Path, out: Path, *extra):
 def _wait_partial(path: Path, n: int, proc, timeout=120):
     t0 = time.time()
     while time.time() - t0 < timeout:
-        if path.exists() and len(path.read_text().splitlines()) >= n:
+        if path.exists() and sum('"record"' in line for line in path.read_text().splitlines()) >= n:
             return
         if proc.poll() is not None:
             raise AssertionError(f"sweep ended early: {proc.communicate()}")
@@ -153,21 +153,23 @@ def test_interrupt_saves_completed_records_then_resume_finishes(tmp_path, sig, c
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == code, stderr
-    assert "interrupted after" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    assert "INCOMPLETE: " in stderr and "of 40 cases" in stderr and "--resume" in stderr
+    assert "Traceback" not in stderr
     doc = json.loads((d / "many.json").read_text())
     assert doc["provenance"]["complete"] is False
     done = {r["case_id"] for r in doc["records"]}
     assert 3 <= len(done) < 40
-    assert not (d / "many.partial.jsonl").exists()
+    assert (d / "many.partial.jsonl").exists()  # the stream stays beside INCOMPLETE files: --resume reads it
 
     proc = _start(spec, out, "--resume")
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
-    assert f"{len(done)} of 40 cases already done" in stderr
+    assert f"--resume: kept {len(done)} of 40 cases" in stderr
     doc = json.loads((d / "many.json").read_text())
     ids = [r["case_id"] for r in doc["records"]]
     assert len(ids) == 40 == len(set(ids)) and done <= set(ids)
     assert doc["provenance"]["complete"] is True
+    assert not (d / "many.partial.jsonl").exists()  # complete: the stream is gone
 
 
 def test_devices_refused_without_cuda(tmp_path, capsys):

@@ -1,0 +1,165 @@
+"""The records layer on its own: the stream and its torn tail, resume keys, the output lock, what
+a results file must look like, and never shrinking a results file."""
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from moebench.core.cases import expand
+from moebench.core.device import DeviceInfo
+from moebench.core.records import (OutputLock, Record, ResultsWriter, existing_records, load_results,
+                                   previous_records, read_stream, record_key, run_settings, settings_diff, stream_path)
+from moebench.core.spec import load_spec
+from moebench.errors import UsageError
+
+CPU = DeviceInfo(backend="interpret", name="CPU (Triton interpreter)", slug="cpu-interpreter", sm_count=132,
+                 l2_bytes=0, max_threads_per_sm=2048, total_mem_bytes=0, compute_capability="-", driver=None,
+                 cuda=None, torch="2", triton="3", python="3.11")
+
+
+def setup(tmp_path: Path, environ=None):
+    spec = load_spec("count-block")
+    cases = expand(spec, quick=True)
+    settings = run_settings(spec, CPU, timed=False, cross=(), environ=environ or {})
+    keys = {c.id: record_key(c, settings) for c in cases}
+    prov = {"sweep": spec.name, "spec_sha256": spec.sha256, "settings": settings}
+    return spec, cases, settings, keys, prov
+
+
+def rec(case, status="ok") -> Record:
+    return Record("count-block", "count", case.id, case.variant, case.label, status, params=dict(case.params))
+
+
+def test_resume_key_is_the_case_and_the_settings(tmp_path):
+    spec, cases, settings, keys, _ = setup(tmp_path)
+    assert len(set(keys.values())) == len(cases)  # one per case
+    again = run_settings(load_spec("count-block"), CPU, timed=False, cross=(), environ={})
+    assert {c.id: record_key(c, again) for c in cases} == keys  # stable across loads
+    for change in ({"environ": {"MCORE_COUNT_TOKENS_BLOCK": "256"}}, {"cross": ("dobench",)}, {"timed": True}):
+        args = {"timed": False, "cross": (), "environ": {}, **change}
+        other = run_settings(spec, CPU, **args)
+        assert all(record_key(c, other) != keys[c.id] for c in cases), change
+    assert "$MCORE_COUNT_TOKENS_BLOCK: unset -> '256'" in settings_diff(
+        settings, run_settings(spec, CPU, timed=False, cross=(), environ={"MCORE_COUNT_TOKENS_BLOCK": "256"}))
+    assert settings_diff(None, settings).startswith("made by an earlier moebench")
+
+
+def test_stream_drops_a_torn_tail_and_repairs_it(tmp_path):
+    spec, cases, settings, keys, prov = setup(tmp_path)
+    w = ResultsWriter(tmp_path, "s", prov, ("json",), keys=keys)
+    for c in cases[:4]:
+        w.add(rec(c))
+    w.close()
+    p = stream_path(tmp_path, "s")
+    whole = p.read_bytes()
+    p.write_bytes(whole + b'{"record": {"sweep": "count-bl')
+    s = read_stream(p)
+    assert len(s.entries) == 4 and s.torn == 1 and s.cut_to is None and p.read_bytes() != whole
+    s = read_stream(p, repair=True)
+    assert s.cut_to == len(whole) and p.read_bytes() == whole
+    assert all(e.settings == settings for e in s.entries)
+    p.write_bytes(whole + b"not json\n" + b'{"record": {"sweep": 1}}\n')  # complete but unreadable lines
+    s = read_stream(p)
+    assert len(s.entries) == 4 and s.unreadable == 2 and s.torn == 0
+
+
+def test_writer_never_appends_onto_a_torn_line(tmp_path):
+    spec, cases, settings, keys, prov = setup(tmp_path)
+    p = stream_path(tmp_path, "s")
+    w = ResultsWriter(tmp_path, "s", prov, ("json",), keys=keys)
+    w.add(rec(cases[0]))
+    w.close()
+    p.write_bytes(p.read_bytes() + b'{"record": {"swe')
+    w = ResultsWriter(tmp_path, "s", prov, ("json",), keys=keys)
+    w.add(rec(cases[1]))
+    w.close()
+    s = read_stream(p)
+    assert [e.record.case_id for e in s.entries] == [cases[0].id, cases[1].id] and not s.unreadable
+
+
+def test_previous_records_keeps_matching_ok_records_and_says_why_it_drops(tmp_path):
+    spec, cases, settings, keys, prov = setup(tmp_path)
+    w = ResultsWriter(tmp_path, "s", prov, ("json",), keys=keys)
+    w.add_many([rec(cases[0]), rec(cases[1], "error"), rec(cases[2])])
+    w.close()
+    other = run_settings(spec, CPU, timed=False, cross=("dobench",), environ={})
+    w = ResultsWriter(tmp_path, "s", {**prov, "settings": other}, ("json",),
+                      keys={c.id: record_key(c, other) for c in cases})
+    w.add(rec(cases[3]))
+    w.close()
+    res = previous_records(tmp_path, "s", keys, settings)
+    assert set(res.kept) == {cases[0].id, cases[2].id}
+    assert res.dropped == {"error (run again)": 1, "made under other settings (cross_checks: ['dobench'] -> [])": 1}
+    assert "kept 2 of 9 cases" in res.summary(9)
+    res = previous_records(tmp_path, "s", {cases[0].id: keys[cases[0].id]}, settings)
+    assert res.other_cases == 3  # records of cases this run does not have are ignored, and counted
+
+
+def test_finalize_keeps_a_file_that_holds_more_records(tmp_path):
+    spec, cases, settings, keys, prov = setup(tmp_path)
+    full = ResultsWriter(tmp_path, "s", prov, ("json", "csv"), keys=keys)
+    full.add_many(rec(c) for c in cases)
+    assert len(full.finalize([rec(c) for c in cases], complete=True).paths) == 2
+    assert existing_records(tmp_path, "s", ("json", "csv"))[0] == len(cases)
+    assert not stream_path(tmp_path, "s").exists()
+    part = ResultsWriter(tmp_path, "s", prov, ("json", "csv"), keys=keys)
+    part.add(rec(cases[0]))
+    written = part.finalize([rec(cases[0])], complete=False)
+    assert written.paths == [] and written.kept == (tmp_path / "s.json", len(cases))
+    assert written.stream == stream_path(tmp_path, "s")  # this run's record is kept there
+    assert len(load_results(tmp_path / "s.json")[1]) == len(cases)
+    forced = ResultsWriter(tmp_path, "s", prov, ("json",), force=True, keys=keys)
+    assert forced.finalize([rec(cases[0])], complete=True).paths
+    assert len(load_results(tmp_path / "s.json")[1]) == 1
+
+
+def test_final_files_take_the_umask(tmp_path):
+    spec, cases, settings, keys, prov = setup(tmp_path)
+    old = os.umask(0o002)
+    try:
+        ResultsWriter(tmp_path, "s", prov, ("json", "csv", "md"), keys=keys).finalize(
+            [rec(cases[0])], complete=True, markdown="# s\n")
+    finally:
+        os.umask(old)
+    for f in ("s.json", "s.csv", "s.md"):
+        assert stat.S_IMODE((tmp_path / f).stat().st_mode) == 0o664
+
+
+def test_output_lock_is_exclusive_and_leaves_nothing_behind(tmp_path):
+    with OutputLock(tmp_path, "s") as lock:
+        assert lock.path.read_text().startswith(f"pid {os.getpid()}: moebench")
+        with pytest.raises(UsageError, match=f"another moebench is writing these results \\(pid {os.getpid()}"):
+            OutputLock(tmp_path, "s").__enter__()
+        with OutputLock(tmp_path, "other"):  # another output name is another lock
+            pass
+    assert not (tmp_path / ".s.lock").exists()
+    with OutputLock(tmp_path, "s"):  # free again
+        pass
+
+
+@pytest.mark.parametrize("text,key", [
+    ('{"provenance": [], "records": []}', "provenance: expected an object"),
+    ('{"records": [{"sweep": "s"}]}', "records[0].family: missing"),
+    ('{"records": [{"sweep": "s", "family": "f", "case_id": 1, "variant": "v", "label": "l", "status": "ok"}]}',
+     "records[0].case_id: expected a string"),
+    ('{"provenance": {"shard": "0/2"}, "records": []}', "provenance.shard: expected a list or null"),
+])
+def test_load_results_names_the_bad_key(tmp_path, text, key):
+    f = tmp_path / "r.json"
+    f.write_text(text)
+    with pytest.raises(UsageError, match=key.replace("[", "\\[").replace("]", "\\]")):
+        load_results(f)
+
+
+def test_a_stream_reads_as_results(tmp_path):
+    spec, cases, settings, keys, prov = setup(tmp_path)
+    w = ResultsWriter(tmp_path, "s", prov, ("json",), keys=keys)
+    w.add_many([rec(cases[0], "error"), rec(cases[0]), rec(cases[1])])
+    w.close()
+    p, recs = load_results(stream_path(tmp_path, "s"))
+    assert p["complete"] is False and p["sweep"] == "count-block" and p["settings"] == settings
+    assert [(r.case_id, r.status) for r in recs] == [(cases[0].id, "ok"), (cases[1].id, "ok")]  # latest per case
+    assert json.loads(stream_path(tmp_path, "s").read_text().splitlines()[0])["run"]["settings"] == settings
