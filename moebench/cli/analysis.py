@@ -18,7 +18,8 @@ from rich.text import Text
 
 from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect_text, noise_text, per_step,
                                   projection_text, run_arms, separation_cell, separation_text, settings_text, us)
-from moebench.cli.common import STATE, Bar, err, out
+from moebench.analysis.reference import reference_names
+from moebench.cli.common import DEFAULT_OUT, STATE, Bar, err, out
 from moebench.core.text import md_table, num
 from moebench.errors import BackendError, ExitCode, UsageError
 
@@ -45,7 +46,7 @@ def _ab_table(pairs: list[ABPair], layers: int | None) -> Table:
 # ============================================================================ commands
 
 
-@app.command()
+@app.command(short_help="Interleaved OFF/ON A/B of two configurations.")
 def ab(
     spec: str = typer.Argument(..., help="Sweep name (sweeps/NAME.yaml) or path to a spec file."),
     off: Optional[list[str]] = typer.Option(None, "--off", help="KEY=VAL (a spec parameter) or env:NAME=VAL for "
@@ -54,7 +55,7 @@ def ab(
     arms: int = typer.Option(4, "--arms", help="Arms in total, alternating OFF/ON (even, >= 2)."),
     iters: int = typer.Option(5, "--iters", help="Timed measurements per arm and case (>= 2)."),
     quick: bool = typer.Option(False, "--quick", help="Use the spec's small CI smoke shape."),
-    out_dir: Path = typer.Option(Path("results"), "--out", help="Results root; files go to OUT/<device>/."),
+    out_dir: Path = typer.Option(DEFAULT_OUT, "--out", help="Results root; files go to OUT/<device>/."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the OFF/ON pairs and the schedule, run nothing."),
 ):
     """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
@@ -161,7 +162,7 @@ def ab(
     raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
 
 
-@app.command()
+@app.command(short_help="Per case SAME / FASTER / SLOWER / UNCLEAR; a CI gate.")
 def compare(
     base: Path = typer.Argument(..., help="Results .json of the baseline run."),
     new: Path = typer.Argument(..., help="Results .json of the run to judge."),
@@ -228,9 +229,10 @@ def compare(
     raise typer.Exit(0)
 
 
-@app.command()
+@app.command(short_help="The robust (minimax-regret) configuration.")
 def recommend(
-    results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a reference table."),
+    results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a published table ("
+                                  + ", ".join(reference_names()) + ")."),
     over: Optional[str] = typer.Option(None, "--over", help="Shape parameter(s) to take the worst case over, "
                                        "comma-separated (default: the family's pivot columns, e.g. tokens)."),
     by: Optional[str] = typer.Option(None, "--by", help="What is being chosen, comma-separated (default: the "
@@ -271,17 +273,17 @@ def recommend(
         out.print("")
 
 
-@app.command()
+@app.command(short_help="Block-size or occupancy curves as a PNG.")
 def plot(
     results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a reference table."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG to write (default: RESULTS with .png)."),
-    reference: Optional[str] = typer.Option(None, "--reference", help="A reference table to draw beside the "
-                                            "measurement, dashed (moebench/reference/NAME.yaml)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="A published table to draw beside the "
+                                            "measurement, dashed: " + ", ".join(reference_names()) + "."),
     x: Optional[str] = typer.Option(None, "--x", help="Parameter on the (log2) x axis (default by family: "
                                     "block_size for count, grid_cap for act)."),
     series: Optional[str] = typer.Option(None, "--series", help="One line per value of this parameter (default "
                                          "by family: tokens for count, live_rows for act)."),
-    metric: str = typer.Option("median_us", "--metric"),
+    metric: str = typer.Option("median_us", "--metric", help="Column on the y axis (lower is better)."),
 ):
     """Draw the results as curves: the block-size curve (count) or the occupancy curve, µs and × floor
     against the grid cap (act), with an optional published reference beside them."""
