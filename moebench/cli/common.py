@@ -65,7 +65,8 @@ def select_backend(interpret: bool):
     try:
         use_interp = want_interpreter(interpret)
     except ImportError as e:  # torch is not installed in this Python
-        raise BackendError(f"{e.name or 'torch'} is not importable here; `make install` sets up .venv with it") from None
+        raise BackendError(f"{e.name or 'torch'} is not importable here; `make install` sets up .venv with "
+                           "it") from None
     if use_interp:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
     require_triton()
@@ -118,7 +119,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        if signal.getsignal(signal.SIGINT) is first_interrupt:  # a first interrupt arms second_interrupt: keep it armed
+        if signal.getsignal(signal.SIGINT) is first_interrupt:  # after a first interrupt the second stays armed
             signal.signal(signal.SIGINT, old[0])
             signal.signal(signal.SIGTERM, old[1])
 

@@ -13,9 +13,9 @@ from moebench.analysis.reference import reference_names
 from moebench.cli.common import DEFAULT_OUT, err, out, render_table, select_backend
 from moebench.errors import BackendError, UsageError
 
-app = typer.Typer(rich_markup_mode=None)
+app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to print beside the measurement: "
-                             + ", ".join(reference_names()) + ".")  # plain help: no <bool> placeholders, paragraphs rewrapped
+                             + ", ".join(reference_names()) + ".")
 
 
 @app.command(short_help="Check specs without running anything.")

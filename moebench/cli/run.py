@@ -15,7 +15,7 @@ from rich.text import Text
 
 from moebench.cli.common import (DEFAULT_OUT, STATE, Bar, err, out, parse_cross, parse_formats, print_failures,
                                  print_pivots, select_backend, sigterm_as_interrupt)
-from moebench.errors import ExitCode, Interrupted, UsageError
+from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
 
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
@@ -118,7 +118,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                              "replaced by fewer; pass --force to replace it, or another --out")
         if time_it and not timed:
             err.print("No CUDA device: kernels run under the Triton interpreter on the CPU; correctness only, "
-                      "timing columns stay empty.", style="yellow")
+                      "no timings.", style="yellow")
         ceilings = {}
         if timed:
             with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
@@ -161,6 +161,10 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                         summary = ev
             except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
                 summary = events.throw(e)
+            except OutputError as e:  # the disk filled up (or the folder went away) under the run
+                events.close()
+                raise OutputError(f"{e}; every record finished before it is in {writer.partial} (free the space, "
+                                  "then rerun with --resume)") from None
         records = summary.records
         prov["sweep_wall_s"] = summary.wall_s  # cases incl. compile + verify
         prov["compile_s_total"] = summary.compile_s
@@ -184,8 +188,8 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         print_pivots(spec, records, None if timed or host_only else "ref_check", page)
     line = verdict_line(records) if not host_only else (
         f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated")
-    out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"),
-                            "" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"))
+    note = "" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"
+    out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"), note))
     if device.backend == "interpret":
         out.print(f"Interpreter: {summary.jit_specializations} kernel specializations, {summary.compile_s:.1f} s in "
                   "their first launches")

@@ -14,25 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from clirun import run_cli, small_count_spec
-from moebench.core.session import Session
+from clirun import interrupt_after, run_cli, small_count_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 DEV = "cpu-interpreter"
-
-
-def interrupt_after(monkeypatch, n: int) -> None:
-    real = Session.run_case
-    calls = {"n": 0}
-
-    def run_case(self, case):
-        calls["n"] += 1
-        if calls["n"] > n:
-            raise KeyboardInterrupt
-        return real(self, case)
-
-    monkeypatch.setattr(Session, "run_case", run_case)
 
 
 # ============================================================================ 1. the first command
@@ -82,7 +68,7 @@ def test_bare_run_writes_under_out_with_portable_provenance(tmp_path, capsys, mo
     assert code == 0, err
     assert DEFAULT_OUT == Path("out")
     files = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
-    assert files == ["out/host/combine-lds-quick.csv", "out/host/combine-lds-quick.json", "out/host/combine-lds-quick.md"]
+    assert files == [f"out/host/combine-lds-quick.{x}" for x in ("csv", "json", "md")]
     text = (tmp_path / "out" / "host" / "combine-lds-quick.json").read_text()
     assert str(ROOT) not in text  # the clone's location is nowhere in the results
     assert json.loads(text)["provenance"]["spec_path"] == "sweeps/combine-lds.yaml"
@@ -101,20 +87,29 @@ def test_every_family_writes_out_device_name(tmp_path, capsys):
 # ============================================================================ 3. verify --resume, INCOMPLETE
 
 
+VERIFY = small_count_spec("small") + """verify:
+  axes:
+    tokens: [0, 5]
+    block_size: [64, 256]
+"""
+
+
 def test_verify_resumes_writes_csv_and_marks_incomplete(tmp_path, capsys, monkeypatch):
-    out = tmp_path / "r"
+    spec, out = tmp_path / "small.yaml", tmp_path / "r"
+    spec.write_text(VERIFY)
+    cmd = ["verify", str(spec), "--out", str(out)]
     with monkeypatch.context() as m:
-        interrupt_after(m, 4)
-        code, stdout, err = run_cli(["verify", "count-block", "--quick", "--out", str(out)], capsys)
+        interrupt_after(m, 3)
+        code, stdout, err = run_cli(cmd, capsys)
     assert code == 130
-    assert err.splitlines()[-1].startswith("INCOMPLETE: 4 of 40 cases")
-    page = (out / DEV / "count-block-verify-quick.md").read_text()
-    assert page.startswith("# count-block\n\n**INCOMPLETE: 4 of 40 cases.**")
-    assert "Correctness: **4/4 exact**" in page  # the verdict is of what ran, under the INCOMPLETE banner
-    code, stdout, err = run_cli(["verify", "count-block", "--quick", "--out", str(out), "--resume"], capsys)
-    assert code == 0 and "--resume: kept 4 of 40 cases" in err and "40/40 exact" in stdout
-    assert len((out / DEV / "count-block-verify-quick.csv").read_text().splitlines()) == 41
-    assert "INCOMPLETE" not in (out / DEV / "count-block-verify-quick.md").read_text()
+    assert err.splitlines()[-1].startswith("INCOMPLETE: 3 of 8 cases")
+    page = (out / DEV / "small-verify.md").read_text()
+    assert page.startswith("# small\n\n**INCOMPLETE: 3 of 8 cases.**")
+    assert "Correctness: **3/3 exact**" in page  # the verdict is of what ran, under the INCOMPLETE banner
+    code, stdout, err = run_cli(cmd + ["--resume"], capsys)
+    assert code == 0 and "--resume: kept 3 of 8 cases" in err and "8/8 exact" in stdout
+    assert len((out / DEV / "small-verify.csv").read_text().splitlines()) == 9
+    assert "INCOMPLETE" not in (out / DEV / "small-verify.md").read_text()
 
 
 # ============================================================================ 4. in a pipe
@@ -149,9 +144,9 @@ def test_piped_list_and_progress(tmp_path):
     r = _piped("list")
     assert r.returncode == 0 and "…" not in r.stdout
     assert max(len(line) for line in r.stdout.splitlines()) > 80  # not cut to 80 columns
-    r = _piped("verify", "count-block", "--quick", "--out", tmp_path)
+    r = _piped("sweep", "count-block", "--quick", "--out", tmp_path)
     assert r.returncode == 0, r.stderr
-    assert re.search(r"count-block: 40/40 done, \d+ s", r.stderr)  # stderr is a pipe: progress as lines
+    assert re.search(r"count-block: 9/9 done, \d+ s", r.stderr)  # stderr is a pipe: progress as lines
 
 
 def test_progress_lines_carry_done_total_and_eta(monkeypatch, capsys):
@@ -208,16 +203,16 @@ def _commands():
     return typer.main.get_command(app).commands
 
 
-def test_every_option_has_help_and_no_bool_placeholders():
+def test_every_option_has_help_and_no_bool_placeholders(capsys):
     for name, cmd in _commands().items():
         for p in cmd.params:
             assert (p.help or "").strip(), f"{name} {p.name}"
-    for name in _commands():
-        r = subprocess.run([sys.executable, "-m", "moebench", name, "--help"], cwd=ROOT, capture_output=True,
-                           text=True, env={**os.environ, "COLUMNS": "2000"})
-        assert r.returncode == 0 and "<bool>" not in r.stdout, name
+    for name in ["", *_commands()]:
+        code, stdout, _ = run_cli([name, "--help"] if name else ["--help"], capsys)  # COLUMNS=2000
+        assert code == 0 and "<bool>" not in stdout, name
         # wide enough for every paragraph on one line: a docstring's own line breaks do not show
-        intro = r.stdout.split("Arguments:")[0].split("Options:")[0].split("\n\n")[1:]
+        intro = stdout.split("Arguments:")[0].split("Options:")[0].split("\n\n")[1:]
+        assert intro, name
         for para in intro:
             lines = [x.strip() for x in para.strip().splitlines()]
             assert len(lines) == 1 or all(x.endswith((".", ":", ")")) for x in lines[:-1]), (name, para)
