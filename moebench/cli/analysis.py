@@ -120,20 +120,34 @@ def ab(
     def make_runner():
         return Session(sp, device, Options(timing=sp.timing, time_it=True, traceback=STATE["verbose"]))
 
-    with OutputLock(dest, stem), Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
-        def step(a, side, i, p):
-            if a or i or p is not pairs[0]:
-                bar.advance()
-            bar.note(f"arm {a + 1} {side} i{i + 1} {p.text}")
+    with OutputLock(dest, stem):  # held until the files are written
+        with Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
+            def step(a, side, i, p):
+                if a or i or p is not pairs[0]:
+                    bar.advance()
+                bar.note(f"arm {a + 1} {side} i{i + 1} {p.text}")
 
-        records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step)
-        bar.advance()
+            records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step)
+            bar.advance()
 
-    t = sp.timing
-    timer_text = (f"Per-launch median of CUDA-graph replay ({t.launches_per_graph} launches per graph, L2 {t.l2}), "
-                  "one median per measurement.")
-    md = ab_markdown(spec_name=sp.name, device=device.name, off=offs, on=ons, arms=arms, iters=iters,
-                     pairs=pairs, layers=layers, timer_text=timer_text)
+        t = sp.timing
+        timer_text = (f"Per-launch median of CUDA-graph replay ({t.launches_per_graph} launches per graph, "
+                      f"L2 {t.l2}), one median per measurement.")
+        md = ab_markdown(spec_name=sp.name, device=device.name, off=offs, on=ons, arms=arms, iters=iters,
+                         pairs=pairs, layers=layers, timer_text=timer_text)
+        ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
+                  "moe_layers": layers,
+                  "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
+                             "arms": [{"side": a.side, "values": a.values} for a in p.arms], "errors": p.errors,
+                             **({"off_mean": p.stats.off_mean, "on_mean": p.stats.on_mean,
+                                 "delta_us": p.stats.delta, "sd_off": p.stats.sd_off, "sd_on": p.stats.sd_on,
+                                 "separation": p.stats.separation, "margin_us": p.stats.margin,
+                                 "effect": p.stats.effect} if p.stats else {})}
+                            for p in pairs]}
+        prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": ab_doc})
+        atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
+        atomic_write_text(dest / f"{stem}.md", md)
+
     out.print(_ab_table(pairs, layers))
     for p in pairs:
         if p.stats is not None:
@@ -141,19 +155,7 @@ def ab(
                                     f"{projection_text(per_step(p.stats.off_mean, p.stats.on_mean, layers))}"),
                       highlight=False)
     out.print("\n--- markdown for the PR description ---", style="dim")
-    out.print(md, markup=False, highlight=False, soft_wrap=True)
-
-    ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
-              "moe_layers": layers,
-              "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
-                         "arms": [{"side": a.side, "values": a.values} for a in p.arms], "errors": p.errors,
-                         **({"off_mean": p.stats.off_mean, "on_mean": p.stats.on_mean, "delta_us": p.stats.delta,
-                             "sd_off": p.stats.sd_off, "sd_on": p.stats.sd_on, "separation": p.stats.separation,
-                             "margin_us": p.stats.margin, "effect": p.stats.effect} if p.stats else {})}
-                        for p in pairs]}
-    prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": ab_doc})
-    atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
-    atomic_write_text(dest / f"{stem}.md", md)
+    out.print(md, highlight=False, soft_wrap=True)
     out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
     failed = [p for p in pairs if p.errors]
     for p in failed:
