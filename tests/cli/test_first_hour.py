@@ -112,6 +112,15 @@ def test_verify_resumes_writes_csv_and_marks_incomplete(tmp_path, capsys, monkey
     assert "INCOMPLETE" not in (out / DEV / "small-verify.md").read_text()
 
 
+def test_a_merge_missing_a_shard_reads_incomplete(tmp_path, capsys):
+    spec, out = tmp_path / "small.yaml", tmp_path / "r"
+    spec.write_text(small_count_spec("small"))
+    assert run_cli(["sweep", str(spec), "--shard", "0/2", "--out", str(out)], capsys)[0] == 0
+    code, stdout, _ = run_cli(["merge", str(out / DEV / "small.shard0of2.json"), "-o", str(tmp_path / "m")], capsys)
+    assert code == 1 and "INCOMPLETE (shard 1 of 2 missing" in stdout
+    assert (tmp_path / "m.md").read_text().startswith("# small\n\n**INCOMPLETE: 6 of 12 cases.**")
+
+
 # ============================================================================ 4. in a pipe
 
 
