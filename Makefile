@@ -1,5 +1,6 @@
-# moebench — `make test` installs everything it needs from scratch into .venv and runs the
-# test suite plus the CPU smoke sweeps (Triton interpreter). Without a GPU it installs the CPU
+# moebench — `make sweep` and `make test` install everything they need from scratch into .venv:
+# `make sweep` then runs the main job (count-block; SWEEP=NAME ARGS="..." for another), `make test`
+# the test suite plus the CPU smoke sweeps (Triton interpreter). Without a GPU it installs the CPU
 # build of torch first, so the unpinned `torch` requirement never pulls a multi-GB CUDA build.
 
 PY      ?= python3
@@ -10,8 +11,9 @@ HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
 # The GPU image's triton: the kernel tests also run under its interpreter (moebench.core.interpret)
 TRITON_OLD ?= triton==3.6.0
+SWEEP   ?= count-block
 
-.PHONY: install test unit compat smoke h200 clean
+.PHONY: install sweep test unit compat smoke h200 clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +24,10 @@ endif
 	touch $@
 
 install: $(BIN)/.installed
+
+# the README's first command: results in out/<device>/$(SWEEP).{csv,json,md}
+sweep: install
+	$(BIN)/moebench sweep $(SWEEP) $(ARGS)
 
 unit: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -43,6 +49,7 @@ smoke: install
 	$(BIN)/moebench sweep act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
+	test -f $(SMOKE)/host/combine-lds-quick.json  # one layout for every family: OUT/<device>/NAME.*
 
 test: unit compat smoke
 

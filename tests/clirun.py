@@ -41,3 +41,20 @@ axes:
   tokens: [0, 5, 40]
 fixed: {{buffer_tokens: 64}}
 """
+
+
+def interrupt_after(monkeypatch, n: int) -> None:
+    """Ctrl-C as the session meets it: a KeyboardInterrupt when the (n+1)-th case starts, the same
+    path a real SIGINT between cases takes (the run ends with the records finished so far)."""
+    from moebench.core.session import Session
+
+    real = Session.run_case
+    calls = {"n": 0}
+
+    def run_case(self, case):
+        calls["n"] += 1
+        if calls["n"] > n:
+            raise KeyboardInterrupt
+        return real(self, case)
+
+    monkeypatch.setattr(Session, "run_case", run_case)

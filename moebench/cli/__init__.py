@@ -23,7 +23,10 @@ from moebench.cli import analysis, dist, info, run
 from moebench.cli.common import STATE, err, fit_consoles, install_interrupts
 from moebench.errors import ExitCode, Interrupted, MoebenchError
 
+# Help is plain text (no rich panels: they print <bool> for every flag and keep a docstring's line
+# breaks), wrapped at the terminal's width however wide, not click's default cap of 80 columns.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"max_content_width": 10_000},
                   help="CUDA-graph microbenchmarks for the small kernels of MoE inference.\n\n"
                        "Exit codes: 0 ok; 1 a case failed; 2 a usage, spec or results-file error; 3 an internal "
                        "error (a bug); 130/143 interrupted (completed records saved).")

@@ -18,7 +18,8 @@ from rich.text import Text
 
 from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect_text, noise_text, per_step,
                                   projection_text, run_arms, separation_cell, separation_text, settings_text, us)
-from moebench.cli.common import MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, use_sources
+from moebench.analysis.reference import reference_names
+from moebench.cli.common import DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, use_sources
 from moebench.core.text import md_table, num
 from moebench.errors import BackendError, ExitCode, UsageError
 
@@ -45,7 +46,7 @@ def _ab_table(pairs: list[ABPair], layers: int | None) -> Table:
 # ============================================================================ commands
 
 
-@app.command()
+@app.command(short_help="Interleaved OFF/ON A/B of two configurations.")
 def ab(
     spec: str = typer.Argument(..., help="Sweep name (sweeps/NAME.yaml) or path to a spec file."),
     off: Optional[list[str]] = typer.Option(None, "--off", help="KEY=VAL (a spec parameter) or env:NAME=VAL for "
@@ -54,7 +55,7 @@ def ab(
     arms: int = typer.Option(4, "--arms", help="Arms in total, alternating OFF/ON (even, >= 2)."),
     iters: int = typer.Option(5, "--iters", help="Timed measurements per arm and case (>= 2)."),
     quick: bool = typer.Option(False, "--quick", help="Use the spec's small CI smoke shape."),
-    out_dir: Path = typer.Option(Path("results"), "--out", help="Results root; files go to OUT/<device>/."),
+    out_dir: Path = typer.Option(DEFAULT_OUT, "--out", help="Results root; files go to OUT/<device>/."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the OFF/ON pairs and the schedule, run nothing."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
@@ -122,20 +123,34 @@ def ab(
     def make_runner():
         return Session(sp, device, Options(timing=sp.timing, time_it=True, traceback=STATE["verbose"]))
 
-    with OutputLock(dest, stem), Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
-        def step(a, side, i, p):
-            if a or i or p is not pairs[0]:
-                bar.advance()
-            bar.note(f"arm {a + 1} {side} i{i + 1} {p.text}")
+    with OutputLock(dest, stem):  # held until the files are written
+        with Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
+            def step(a, side, i, p):
+                if a or i or p is not pairs[0]:
+                    bar.advance()
+                bar.note(f"arm {a + 1} {side} i{i + 1} {p.text}")
 
-        records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step)
-        bar.advance()
+            records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step)
+            bar.advance()
 
-    t = sp.timing
-    timer_text = (f"Per-launch median of CUDA-graph replay ({t.launches_per_graph} launches per graph, L2 {t.l2}), "
-                  "one median per measurement.")
-    md = ab_markdown(spec_name=sp.name, device=device.name, off=offs, on=ons, arms=arms, iters=iters,
-                     pairs=pairs, layers=layers, timer_text=timer_text)
+        t = sp.timing
+        timer_text = (f"Per-launch median of CUDA-graph replay ({t.launches_per_graph} launches per graph, "
+                      f"L2 {t.l2}), one median per measurement.")
+        md = ab_markdown(spec_name=sp.name, device=device.name, off=offs, on=ons, arms=arms, iters=iters,
+                         pairs=pairs, layers=layers, timer_text=timer_text)
+        ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
+                  "moe_layers": layers,
+                  "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
+                             "arms": [{"side": a.side, "values": a.values} for a in p.arms], "errors": p.errors,
+                             **({"off_mean": p.stats.off_mean, "on_mean": p.stats.on_mean,
+                                 "delta_us": p.stats.delta, "sd_off": p.stats.sd_off, "sd_on": p.stats.sd_on,
+                                 "separation": p.stats.separation, "margin_us": p.stats.margin,
+                                 "effect": p.stats.effect} if p.stats else {})}
+                            for p in pairs]}
+        prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": ab_doc})
+        atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
+        atomic_write_text(dest / f"{stem}.md", md)
+
     out.print(_ab_table(pairs, layers))
     for p in pairs:
         if p.stats is not None:
@@ -143,19 +158,7 @@ def ab(
                                     f"{projection_text(per_step(p.stats.off_mean, p.stats.on_mean, layers))}"),
                       highlight=False)
     out.print("\n--- markdown for the PR description ---", style="dim")
-    out.print(md, markup=False, highlight=False, soft_wrap=True)
-
-    ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
-              "moe_layers": layers,
-              "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
-                         "arms": [{"side": a.side, "values": a.values} for a in p.arms], "errors": p.errors,
-                         **({"off_mean": p.stats.off_mean, "on_mean": p.stats.on_mean, "delta_us": p.stats.delta,
-                             "sd_off": p.stats.sd_off, "sd_on": p.stats.sd_on, "separation": p.stats.separation,
-                             "margin_us": p.stats.margin, "effect": p.stats.effect} if p.stats else {})}
-                        for p in pairs]}
-    prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": ab_doc})
-    atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
-    atomic_write_text(dest / f"{stem}.md", md)
+    out.print(md, highlight=False, soft_wrap=True)
     out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
     failed = [p for p in pairs if p.errors]
     for p in failed:
@@ -164,7 +167,7 @@ def ab(
     raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
 
 
-@app.command()
+@app.command(short_help="Per case SAME / FASTER / SLOWER / UNCLEAR; a CI gate.")
 def compare(
     base: Path = typer.Argument(..., help="Results .json of the baseline run."),
     new: Path = typer.Argument(..., help="Results .json of the run to judge."),
@@ -231,9 +234,10 @@ def compare(
     raise typer.Exit(0)
 
 
-@app.command()
+@app.command(short_help="The robust (minimax-regret) configuration.")
 def recommend(
-    results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a reference table."),
+    results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a published table ("
+                                  + ", ".join(reference_names()) + ")."),
     over: Optional[str] = typer.Option(None, "--over", help="Shape parameter(s) to take the worst case over, "
                                        "comma-separated (default: the family's pivot columns, e.g. tokens)."),
     by: Optional[str] = typer.Option(None, "--by", help="What is being chosen, comma-separated (default: the "
@@ -274,17 +278,17 @@ def recommend(
         out.print("")
 
 
-@app.command()
+@app.command(short_help="Block-size or occupancy curves as a PNG.")
 def plot(
     results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a reference table."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG to write (default: RESULTS with .png)."),
-    reference: Optional[str] = typer.Option(None, "--reference", help="A reference table to draw beside the "
-                                            "measurement, dashed (moebench/reference/NAME.yaml)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="A published table to draw beside the "
+                                            "measurement, dashed: " + ", ".join(reference_names()) + "."),
     x: Optional[str] = typer.Option(None, "--x", help="Parameter on the (log2) x axis (default by family: "
                                     "block_size for count, grid_cap for act)."),
     series: Optional[str] = typer.Option(None, "--series", help="One line per value of this parameter (default "
                                          "by family: tokens for count, live_rows for act)."),
-    metric: str = typer.Option("median_us", "--metric"),
+    metric: str = typer.Option("median_us", "--metric", help="Column on the y axis (lower is better)."),
 ):
     """Draw the results as curves: the block-size curve (count) or the occupancy curve, µs and × floor
     against the grid cap (act), with an optional published reference beside them."""
@@ -361,7 +365,7 @@ def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-@app.command()
+@app.command(short_help="Seed kernels beside their upstream twins, across results files.")
 def conformance(
     results: list[Path] = typer.Argument(..., help="Results .json files of sweeps that ran upstream variants "
                                          "beside the seed kernels (e.g. count-grid, act-upstream)."),
@@ -391,8 +395,8 @@ def conformance(
     atomic_write_text(base.with_name(base.name + ".md"), page(pairs, sources))
     timed = [p for p in pairs if p.ratio is not None]
     off = [p for p in timed if p.within is False]
-    out.print(f"[bold]{len(pairs)} twin pairs, {sum(p.exact for p in pairs)} bit-exact; "
-              + (f"{len(timed) - len(off)}/{len(timed)} within tolerance" if timed else "no timings") + "[/bold]",
+    out.print(f"{len(pairs)} twin pairs, {sum(p.exact for p in pairs)} bit-exact; "
+              + (f"{len(timed) - len(off)}/{len(timed)} within tolerance" if timed else "no timings"), style="bold",
               highlight=False)
-    out.print(f"Wrote {base}.csv, {base}.json, {base}.md", markup=False, highlight=False)
+    out.print(f"Wrote {base}.csv, {base}.json, {base}.md", highlight=False)
     raise typer.Exit(ExitCode.OK if pairs and all(p.exact for p in pairs) else ExitCode.CASE_FAILED)

@@ -11,17 +11,22 @@ from __future__ import annotations
 import os
 import signal
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from moebench.errors import UsageError
+from moebench.errors import BackendError, UsageError
 
 out = Console(markup=False, emoji=False)
 err = Console(stderr=True, markup=False, emoji=False)
 STATE = {"verbose": False}
+
+# Where runs write unless --out says otherwise: a folder git ignores, so a bare run leaves a clean
+# checkout and never touches the committed results/ (reference data, written only when named).
+DEFAULT_OUT = Path("out")
 
 # Width of a console that is not a terminal: wide enough that no table or line is ever cut or
 # wrapped (rich would otherwise use 80 columns, or the width of whichever std stream is a terminal).
@@ -53,13 +58,24 @@ def parse_cross(text: str | None) -> tuple[str, ...]:
     return cs
 
 
+def interpreter_wanted(interpret: bool) -> bool:
+    """Whether kernels run under the interpreter: --interpret, TRITON_INTERPRET=1, or no CUDA."""
+    from moebench.core.device import want_interpreter
+
+    try:
+        return want_interpreter(interpret)
+    except ImportError as e:  # torch is not installed in this Python
+        raise BackendError(f"{e.name or 'torch'} is not importable here; `make install` sets up .venv with "
+                           "it") from None
+
+
 def select_backend(interpret: bool):
     """The device a run uses: the CUDA device, or the Triton interpreter on the CPU (with
     --interpret, TRITON_INTERPRET=1, or no CUDA device)."""
     from moebench.core import interpret as interpreter
-    from moebench.core.device import detect, require_triton, want_interpreter
+    from moebench.core.device import detect, require_triton
 
-    use_interp = want_interpreter(interpret)
+    use_interp = interpreter_wanted(interpret)
     require_triton()
     if use_interp:
         interpreter.enable()  # before any kernel module is imported
@@ -112,7 +128,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        if signal.getsignal(signal.SIGINT) is first_interrupt:  # a first interrupt arms second_interrupt: keep it armed
+        if signal.getsignal(signal.SIGINT) is first_interrupt:  # after a first interrupt the second stays armed
             signal.signal(signal.SIGINT, old[0])
             signal.signal(signal.SIGTERM, old[1])
 
@@ -137,15 +153,68 @@ def render_table(title: str, t, metric: str, corner: str) -> Table:
     return tab
 
 
-def print_pivots(spec, records, metric: str | None = None) -> None:
-    from moebench.core.report import pivots
+# More pivot tables than this print as one summary; the results page holds them all (combine-lds
+# alone is six tables and 224 lines).
+MAX_CONSOLE_TABLES = 4
+
+
+def print_pivots(spec, records, metric: str | None = None, page: Path | None = None) -> None:
+    """The spec's pivots as terminal tables; past MAX_CONSOLE_TABLES, a summary that points to the page."""
+    from moebench.core.report import NOT_TAKEN, NOT_TAKEN_NOTE, pivots
 
     pv = spec.pivot
     metric = metric or pv.get("metric", "median_us")
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
-    for title, t in pivots(records, rows, cols, metric, list(spec.family.params)):
-        out.print(render_table(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric,
-                               f"{rows} \\ {cols}"))
+    tables = pivots(records, rows, cols, metric, list(spec.family.params))
+    if len(tables) <= MAX_CONSOLE_TABLES:
+        for title, t in tables:
+            out.print(render_table(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric,
+                                   f"{rows} \\ {cols}"))
+        if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
+            out.print(NOT_TAKEN_NOTE, style="dim")
+        return
+    out.print(f"{spec.name}: {metric} of {len(records)} cases in {len(tables)} tables, summed up here"
+              + (f"; every table is in {page}" if page else ""))
+    out.print(summary_table(records, metric))
+
+
+def summary_table(records, metric: str) -> Table:
+    """One row per variant label: how often each value of a categorical metric occurs (a path, a
+    check verdict), or the least, median and largest value of a numeric one."""
+    from moebench.analysis import metric_of
+    from moebench.core.report import STATUS_MARK
+    from moebench.core.stats import median
+    from moebench.core.text import ordered
+
+    def value(r):
+        if r.status != "ok":
+            return STATUS_MARK.get(r.status, r.status)
+        for g in (r.timing, r.work, r.cross, r.checks, r.params):
+            if metric in g:
+                return g[metric]
+        return None
+
+    labels = ordered(r.label for r in records)
+    numeric = all(metric_of(r, metric) is not None for r in records if r.status == "ok") and any(
+        r.status == "ok" for r in records)
+    tab = Table()
+    tab.add_column("variant", style="bold")
+    if numeric:
+        for c in ("cases", "min", "median", "max", "failed"):
+            tab.add_column(c, justify="right")
+        for lab in labels:
+            mine = [r for r in records if r.label == lab]
+            vals = [metric_of(r, metric) for r in mine if r.status == "ok"]
+            tab.add_row(str(lab), str(len(mine)), *(f"{f(vals):.4g}" if vals else "—" for f in (min, median, max)),
+                        str(sum(r.status != "ok" for r in mine)))
+        return tab
+    kinds = ordered(str(value(r)) for r in records)
+    for k in kinds:
+        tab.add_column(k, justify="right")
+    for lab in labels:
+        mine = [str(value(r)) for r in records if r.label == lab]
+        tab.add_row(str(lab), *(str(mine.count(k)) for k in kinds))
+    return tab
 
 
 class Bar:
@@ -250,9 +319,8 @@ def use_sources(plugin_files, megatron_lm, interpret: bool | None = None) -> Non
 
     if interpret is not None:
         from moebench.core import interpret as interpreter
-        from moebench.core.device import want_interpreter
 
-        if want_interpreter(interpret):
+        if interpreter_wanted(interpret):
             interpreter.enable()
     if megatron_lm is not None:
         if not megatron_lm.is_dir():

@@ -32,7 +32,7 @@ def _destination(output: Optional[Path], files: list[Path]) -> tuple[Path, str]:
     return output.parent, output.name
 
 
-@app.command()
+@app.command(short_help="Merge shard results into one results file.")
 def merge(
     files: list[Path] = typer.Argument(..., help="Shard results .json files (e.g. OUT/DEVICE/NAME.shard*of4.json)."),
     output: Optional[Path] = typer.Option(None, "-o", "--out", help="Where to write: a directory, or a path "
@@ -63,6 +63,7 @@ def merge(
     md = None
     if spec is not None and "md" in fmts:
         timed = bool(prov.get("timed"))
+        prov = {**prov, "complete": m.complete}
         md = sweep_markdown(spec, m.records, prov, metric=None if timed or host_only else "ref_check")
     with OutputLock(dest, stem):
         written = ResultsWriter(dest, stem, prov, fmts, force=force).finalize(m.records, complete=m.complete,

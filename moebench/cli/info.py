@@ -9,15 +9,16 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rich.markup import escape
-
-from moebench.cli.common import MEGATRON_OPT, PLUGIN_OPT, err, out, render_table, select_backend, use_sources
+from moebench.analysis.reference import reference_names
+from moebench.cli.common import DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, err, out, render_table, select_backend, use_sources
 from moebench.errors import BackendError, UsageError
 
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
+REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to print beside the measurement: "
+                             + ", ".join(reference_names()) + ".")
 
 
-@app.command()
+@app.command(short_help="Check specs without running anything.")
 def validate(paths: list[str] = typer.Argument(..., help="Spec files or names."),
              plugin: Optional[list[Path]] = PLUGIN_OPT):
     """Check specs (syntax, keys, values, expansion) without running anything."""
@@ -33,15 +34,15 @@ def validate(paths: list[str] = typer.Argument(..., help="Spec files or names.")
         out.print(f"{spec.path}: ok — {n} cases (quick {nq}{nv})")
 
 
-@app.command("list")
+@app.command("list", short_help="Families, variants, upstream kernels, sweeps, model configs, references.")
 def list_(
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
     try_import: bool = typer.Option(False, "--import", help="Import each upstream kernel (needs torch; megatron-core "
                                     "takes ~15 s) instead of only finding it in the source."),
 ):
-    """Families, variants (with where each comes from), upstream kernels, built-in sweeps and model
-    configs."""
+    """Families, variants (with where each comes from), upstream kernels, built-in sweeps, model
+    configs and the shipped reference tables."""
     from moebench.core.spec import builtin_models, builtin_sweeps
     from moebench.families import catalogue
     from moebench.sources import upstream
@@ -51,12 +52,11 @@ def list_(
     for c in ("family", "variant", "launch params", "source", "what it is"):
         tab.add_column(c)
     for fam in catalogue().values():
-        tab.add_row(escape(fam.name), "", "", escape("" if fam.origin == "builtin" else fam.origin),
-                    escape(fam.doc + (" (host-only)" if fam.host_only else "")), style="bold")
+        tab.add_row(fam.name, "", "", "" if fam.origin == "builtin" else fam.origin,
+                    fam.doc + (" (host-only)" if fam.host_only else ""), style="bold")
         for v in fam.variants.values():
             env = ", ".join(f"{k} from ${var}" for k, (var, _) in v.env.items())
-            tab.add_row("", escape(v.name), escape(", ".join(v.params) + (f"; {env}" if env else "")),
-                        escape(v.source), escape(v.doc))
+            tab.add_row("", v.name, ", ".join(v.params) + (f"; {env}" if env else ""), v.source, v.doc)
     out.print(tab)
     statuses = [upstream.status(name) for name in upstream.KERNELS]
     if not any(st.present for st in statuses):  # one reason for all: say it once
@@ -76,20 +76,24 @@ def list_(
                     state = "imports"
                 except Unavailable as e:
                     state = str(e)
-            up.add_row(escape(st.attr), escape(st.source or "—"), escape(state))
+            up.add_row(st.attr, st.source or "—", state)
         out.print(up)
-    out.print("Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()), markup=False)
-    out.print("Model configs: " + ", ".join(p.stem for p in builtin_models()), markup=False)
+    out.print("Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()))
+    out.print("Model configs: " + ", ".join(p.stem for p in builtin_models()))
+    out.print("References (published tables for show/plot --reference NAME, recommend ref:NAME): "
+              + ", ".join(reference_names()))
 
 
-@app.command()
+@app.command(short_help="Any results file as a PR-style pivot.")
 def show(
     results: Path = typer.Argument(..., help="A results .json file."),
-    rows: Optional[str] = typer.Option(None, "--rows"),
-    cols: Optional[str] = typer.Option(None, "--cols"),
-    metric: Optional[str] = typer.Option(None, "--metric"),
-    reference: Optional[str] = typer.Option(None, "--reference", help="A published table "
-                                            "(moebench/reference/NAME.yaml) to print beside the measurement."),
+    rows: Optional[str] = typer.Option(None, "--rows", help="Parameter along the rows (default: the family's pivot, "
+                                       "e.g. block_size)."),
+    cols: Optional[str] = typer.Option(None, "--cols", help="Parameter along the columns (default: the family's "
+                                       "pivot, e.g. tokens)."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="Column in the cells (default: the family's, e.g. "
+                                         "median_us; ref_check for a file without timings)."),
+    reference: Optional[str] = REFERENCE_OPT,
 ):
     """Print any results file as a PR-style pivot."""
     from moebench.families import catalogue
@@ -103,8 +107,14 @@ def show(
     pv = dict(fam.default_pivot) if fam else {}
     rows = rows or pv.get("rows", "label")
     cols = cols or pv.get("cols", "label")
-    metric = metric or pv.get("metric", "median_us")
     df = frame(records)
+    if metric is None:
+        metric = pv.get("metric", "median_us")
+        if metric not in df.columns and "ref_check" in df.columns:
+            err.print(f"note: {results} has no {metric} (no timings: an interpreter or verify run); showing "
+                      "ref_check, the correctness check (--metric picks another column)", highlight=False,
+                      soft_wrap=True)
+            metric = "ref_check"
     for name, opt in (("--rows", rows), ("--cols", cols), ("--metric", metric)):
         if opt not in df.columns:
             raise UsageError(f"{name}: no column {opt!r} in {results}; columns: {', '.join(df.columns)}")
@@ -130,7 +140,7 @@ def show(
         out.print(f"device: {dev}; command: {prov.get('command')}")
 
 
-@app.command()
+@app.command(short_help="Rewrite a results file's page with today's report code.")
 def render(results: Path = typer.Argument(..., help="A results .json file; its .md is written beside it.")):
     """Re-render a results file's markdown page with this version's report code (no re-run)."""
     from moebench.core.records import atomic_write_text, load_results, spec_of
@@ -155,9 +165,10 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     out.print(f"Wrote {dest}")
 
 
-@app.command()
+@app.command(short_help="The GPU, its clocks, copy ceilings, empty-kernel floor.")
 def device(
-    out_dir: Path = typer.Option(Path("results"), "--out", help="Where the ceilings cache lives."),
+    out_dir: Path = typer.Option(DEFAULT_OUT, "--out", help="Results root: the ceilings are cached in "
+                                 "OUT/<device>/device.json, where sweeps into the same OUT read them."),
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure again even if cached."),
 ):
     """The GPU, its clocks, and the measured copy ceilings and empty-kernel floor."""

@@ -13,9 +13,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from moebench.cli.common import (MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_cross, parse_formats,
-                                 print_failures, print_pivots, select_backend, sigterm_as_interrupt, use_sources)
-from moebench.errors import ExitCode, Interrupted, UsageError
+from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_cross,
+                                 parse_formats, print_failures, print_pivots, select_backend, sigterm_as_interrupt,
+                                 use_sources)
+from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
 
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
@@ -75,7 +76,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
             case_limit: float = CASE_LIMIT_S) -> int:
     """Run a planned sweep or verify matrix and write its results; returns the exit code. Every
     option is checked before the first case runs, and the run holds its output's lock throughout."""
-    from moebench.core.device import detect, load_or_measure_ceilings
+    from moebench.core.device import host_device, load_or_measure_ceilings
     from moebench.core.records import (OutputLock, ResultsWriter, existing_records, previous_records, provenance,
                                        record_key, result_stem, run_settings, stream_path, writable_dir)
     from moebench.core.report import sweep_markdown, verdict_line
@@ -89,7 +90,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         raise UsageError(f"--case-limit: expected seconds >= 0 (0: no limit), got {case_limit:g}")
     host_only = spec.family.host_only
     if host_only:
-        device = detect(True)
+        device = host_device()
         time_it = False
     else:
         device = select_backend(interpret)
@@ -109,7 +110,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
 
         stem = shard_stem(stem, *p.shard)
     writable_dir(out_dir, "--out")
-    dest = writable_dir(out_dir if host_only else out_dir / device.slug, "--out")
+    dest = writable_dir(out_dir / device.slug, "--out")
 
     with OutputLock(dest, stem):
         have, where = existing_records(dest, stem, fmts)
@@ -118,7 +119,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                              "replaced by fewer; pass --force to replace it, or another --out")
         if time_it and not timed:
             err.print("No CUDA device: kernels run under the Triton interpreter on the CPU; correctness only, "
-                      "timing columns stay empty.", style="yellow")
+                      "no timings.", style="yellow")
         ceilings = {}
         if timed:
             with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
@@ -169,10 +170,15 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                         summary = ev
             except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
                 summary = events.throw(e)
+            except OutputError as e:  # the disk filled up (or the folder went away) under the run
+                events.close()
+                raise OutputError(f"{e}; every record finished before it is in {writer.partial} (free the space, "
+                                  "then rerun with --resume)") from None
         records = summary.records
         prov["sweep_wall_s"] = summary.wall_s  # cases incl. compile + verify
         prov["compile_s_total"] = summary.compile_s
         prov["jit_specializations"] = summary.jit_specializations
+        prov["complete"] = summary.complete
         md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
         written = writer.finalize(records, complete=summary.complete, markdown=md)
 
@@ -187,15 +193,19 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     if written.kept is not None:
         raise UsageError(f"not written: {saved}")
     if not p.verify:
-        print_pivots(spec, records, None if timed or host_only else "ref_check")
+        page = next((x for x in written.paths if x.suffix == ".md"), None)
+        print_pivots(spec, records, None if timed or host_only else "ref_check", page)
     line = verdict_line(records) if not host_only else (
         f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated")
-    out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"),
-                            "" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"))
-    if not host_only:
+    note = "" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"
+    out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"), note))
+    if device.backend == "interpret":
+        out.print(f"Interpreter: {summary.jit_specializations} kernel specializations, {summary.compile_s:.1f} s in "
+                  "their first launches")
+    elif not host_only:
         out.print(f"JIT: {summary.jit_specializations} specializations"
-                  f"{f' across {len(gpus)} workers' if gpus else ''}, {summary.compile_s:.1f} s compiling "
-                  "(excluded from timings)")
+                  f"{f' across {len(gpus)} workers' if gpus else ''}, {summary.compile_s:.1f} s compiling"
+                  + (" (excluded from timings)" if timed else ""))
     print_failures(records, p.vary)
     out.print("Wrote " + ", ".join(str(x) for x in written.paths))
     failed = any(r.status not in ("ok", "unavailable") for r in records)
@@ -203,20 +213,31 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
 
 
 SPEC_ARG = typer.Argument(..., help="Sweep name (sweeps/NAME.yaml) or path to a spec file.")
+OUT_OPT = typer.Option(DEFAULT_OUT, "--out", help="Results root: files go to OUT/<device>/NAME.* (<device> is the GPU, "
+                       "cpu-interpreter, or host for a host-only family). The default is ignored by git; the "
+                       "committed results/ is written only when named.")
+INTERPRET_OPT = typer.Option(False, "--interpret", help="Run the kernels under the Triton interpreter on the CPU "
+                             "(correctness only), even where there is a GPU.")
+FORMAT_OPT = typer.Option("csv,json,md", "--format", help="Comma list of csv, json, md, parquet (parquet needs "
+                          "pyarrow).")
+FORCE_OPT = typer.Option(False, "--force", help="Run more cases than the spec's max_cases (never past the hard limit "
+                         "of a million), and replace results files that hold more records than this run.")
+RESUME_OPT = typer.Option(False, "--resume", help="Keep the finished records of an earlier run into the same OUT "
+                          "made under the same settings, and run only the other cases.")
+CASE_LIMIT_OPT = typer.Option(CASE_LIMIT_S, "--case-limit", help="Under the Triton interpreter, stop a case after "
+                              "this many seconds and record it as an error (0: no limit).")
 
 
-@app.command()
+@app.command(short_help="Verify and time every case of a sweep; write the tables.")
 def sweep(
     spec: str = SPEC_ARG,
     quick: bool = typer.Option(False, "--quick", help="Use the spec's small CI smoke shape."),
-    out_dir: Path = typer.Option(Path("results"), "--out", help="Results root; files go to OUT/<device>/."),
+    out_dir: Path = OUT_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="List the cases and exit."),
-    interpret: bool = typer.Option(False, "--interpret", help="Run kernels under the Triton interpreter (CPU)."),
-    formats: str = typer.Option("csv,json,md", "--format", help="Comma list of csv,json,md,parquet."),
-    force: bool = typer.Option(False, "--force", help="Run more cases than the spec's max_cases (never past the hard "
-                               "limit of a million), and replace results files that hold more records."),
-    resume: bool = typer.Option(False, "--resume", help="Keep the finished records of an earlier run into the same "
-                                "OUT whose settings match, and run only the other cases."),
+    interpret: bool = INTERPRET_OPT,
+    formats: str = FORMAT_OPT,
+    force: bool = FORCE_OPT,
+    resume: bool = RESUME_OPT,
     cross_check: Optional[str] = typer.Option(None, "--cross-check",
                                               help="Also time with: dobench (triton do_bench_cudagraph), profiler "
                                                    "(CUPTI kernel time)."),
@@ -224,8 +245,7 @@ def sweep(
     shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run shard I of N (0-based); default from "
                                         "SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set."),
     devices: Optional[str] = typer.Option(None, "--devices", help="all or 0,1,...: one worker process per GPU."),
-    case_limit: float = typer.Option(CASE_LIMIT_S, "--case-limit", help="Under the Triton interpreter, stop a case "
-                                     "after this many seconds and record it as an error (0: no limit)."),
+    case_limit: float = CASE_LIMIT_OPT,
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
@@ -235,25 +255,25 @@ def sweep(
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)
-    if not p.cases:
-        err.print(f"shard {p.shard[0]}/{p.shard[1]} holds no cases; nothing to do")
-        raise typer.Exit(ExitCode.OK)
     raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats=formats, resume=resume, force=force,
                              cross_check=cross_check, time_it=True, devices=devices, case_limit=case_limit))
 
 
-@app.command()
+@app.command(short_help="The spec's correctness matrix only, e.g. 2280/2280 exact.")
 def verify(
     spec: str = SPEC_ARG,
     quick: bool = typer.Option(False, "--quick", help="Use the spec's reduced verify matrix."),
-    out_dir: Path = typer.Option(Path("results"), "--out"),
-    interpret: bool = typer.Option(False, "--interpret"),
-    force: bool = typer.Option(False, "--force"),
+    out_dir: Path = OUT_OPT,
+    interpret: bool = INTERPRET_OPT,
+    formats: str = FORMAT_OPT,
+    force: bool = FORCE_OPT,
+    resume: bool = RESUME_OPT,
+    case_limit: float = CASE_LIMIT_OPT,
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Run the spec's correctness matrix only; prints e.g. '2280/2280 exact'."""
     use_sources(plugin, megatron_lm, interpret=interpret)
     p = plan(spec, quick=quick, verify=True, force=force, l2=None, shard=None)
-    raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats="json,md", resume=False, force=force,
-                             cross_check=None, time_it=False))
+    raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats=formats, resume=resume, force=force,
+                             cross_check=None, time_it=False, case_limit=case_limit))

@@ -2,7 +2,10 @@
 
 Properties are fetched lazily, once; nothing here touches the device at import time.
 Ceilings (copy bandwidth from DRAM and from L2, the empty-kernel floor) are measured on
-demand and cached per device in `results/<slug>/device.json`, which sweeps reuse.
+demand and cached per device in `OUT/<slug>/device.json`, which sweeps reuse.
+
+Every run writes to `OUT/<slug>/`: the GPU's slug (`h200`), `cpu-interpreter` for kernels checked
+under the Triton interpreter, and `host` for host-only families, which launch no kernel.
 """
 
 from __future__ import annotations
@@ -139,6 +142,25 @@ def detect(interpret: bool) -> DeviceInfo:
         driver=nvml_driver(), cuda=torch.version.cuda, torch=torch.__version__,
         triton=triton_version(), python=platform.python_version(),
         sm_clock_max_mhz=clocks["sm_max_mhz"], mem_clock_max_mhz=clocks["mem_max_mhz"])
+
+
+def _version(dist: str) -> str | None:
+    """An installed distribution's version, read from its metadata (no import: torch takes seconds)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def host_device() -> DeviceInfo:
+    """Where a host-only family runs: this machine's Python, no kernel launched, nothing timed."""
+    return DeviceInfo(
+        backend="host", name=f"host ({platform.machine() or 'cpu'}, no kernel launched)", slug="host", sm_count=0,
+        l2_bytes=0, max_threads_per_sm=0, total_mem_bytes=0, compute_capability="-", driver=None, cuda=None,
+        torch=_version("torch"), triton=_version("triton"), python=platform.python_version())
 
 
 def require_triton() -> None:

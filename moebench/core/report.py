@@ -70,10 +70,16 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
     return tables
 
 
+# A row label part for a parameter the variant does not take (legacy's grid_cap: its grid is min(M, 512)).
+NOT_TAKEN = "·"
+NOT_TAKEN_NOTE = (f"{NOT_TAKEN} in a row label: the variant does not take that parameter; what it launched with is "
+                  "in the record's launch columns (in the CSV and JSON).")
+
+
 def _label(x: Any) -> Any:
-    """An index value for display: None (a parameter the variant does not read) as an empty mark."""
+    """An index value for display: None (a parameter the variant does not read) as NOT_TAKEN."""
     if x is None or (isinstance(x, float) and pd.isna(x)):
-        return "·"
+        return NOT_TAKEN
     if isinstance(x, float) and x.is_integer():
         return int(x)
     return x
@@ -139,11 +145,19 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     dev = prov.get("device", {})
     c = prov.get("ceilings", {}) or {}
     out = [f"# {spec.name}", ""]
+    if prov.get("complete") is False:
+        n = prov.get("n_cases")
+        out += [f"**INCOMPLETE: {len(records)} of {n if n is not None else '?'} cases.** The run was interrupted; "
+                "`--resume` runs the rest into the same OUT.", ""]
     if spec.description:
         out += [spec.description.strip(), ""]
     host = spec.family.host_only
     if host:
         out.append("- Evaluated on the host: a model of the kernel's sizing, no kernel launched, nothing timed.")
+    elif dev.get("backend") == "interpret":
+        out.append(f"- Device: this machine's CPU, kernels run by the Triton interpreter as if on a "
+                   f"{dev.get('sm_count')}-SM GPU (correctness only, nothing timed); torch {dev.get('torch')}, "
+                   f"triton {dev.get('triton')}")
     else:
         out.append(f"- Device: {dev.get('name')} ({dev.get('sm_count')} SMs, L2 {dev.get('l2_bytes', 0) / 2**20:.0f} "
                    f"MiB), driver {dev.get('driver')}, CUDA {dev.get('cuda')}, torch {dev.get('torch')}, "
@@ -176,8 +190,11 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
         out.append("- Timing: none in this run.")
     out.append("")
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
-    for title, t in pivots(records, rows, cols, metric, list(spec.family.params)):
+    tables = pivots(records, rows, cols, metric, list(spec.family.params))
+    for title, t in tables:
         out += [f"## {metric}" + (f" — {title}" if title else ""), "", markdown_table(t, metric, f"{rows} \\ {cols}"), ""]
+    if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
+        out += [NOT_TAKEN_NOTE, ""]
     # a family may add sections of its own (e.g. combine's band table), after the pivots
     if spec.family.sections is not None:
         out += [spec.family.sections(records), ""]

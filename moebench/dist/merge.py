@@ -130,6 +130,7 @@ def merge_results(paths: Sequence[Path]) -> Merged:
     if len(commits) > 1:
         m.notes.append(f"the shards ran at different commits: {', '.join(commits)}")
     m.provenance = _merged_provenance(loaded, commits)
+    m.provenance["n_cases"] = len(order) if order else None  # the whole spec's, not the first shard's
     return m
 
 

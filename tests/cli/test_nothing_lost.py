@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import run_cli, small_count_spec
+from clirun import interrupt_after, run_cli, small_count_spec
 from moebench.core.records import OutputLock, Record, load_results, read_stream
 from moebench.core.session import Session
 
@@ -31,20 +31,6 @@ def spec_file(tmp_path: Path, body: str = SMALL, name: str = "small.yaml") -> Pa
     p = tmp_path / name
     p.write_text(body)
     return p
-
-
-def interrupt_after(monkeypatch, n: int) -> None:
-    """Ctrl-C as the session meets it: a KeyboardInterrupt when the (n+1)-th case starts."""
-    real = Session.run_case
-    calls = {"n": 0}
-
-    def run_case(self, case):
-        calls["n"] += 1
-        if calls["n"] > n:
-            raise KeyboardInterrupt
-        return real(self, case)
-
-    monkeypatch.setattr(Session, "run_case", run_case)
 
 
 def sweep(capsys, spec: Path, out: Path, *extra):
@@ -164,6 +150,26 @@ def test_a_comment_keeps_every_record_and_a_complete_file_is_not_shrunk(tmp_path
     code, _, err = sweep(capsys, spec, out, "--resume", "--l2", "cold")
     assert code == 0 and "kept 3 of 12" in err
     assert load_results(final)[0]["timing"]["l2"] == "cold"
+
+
+def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_written(tmp_path, capsys, monkeypatch):
+    real, calls = os.fsync, {"n": 0}
+
+    def fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".partial.jsonl"):
+            calls["n"] += 1
+            if calls["n"] > 4:  # the run header and three records are synced; the fourth is written, not synced
+                raise OSError(28, "No space left on device")
+        return real(fd)
+
+    spec, out = spec_file(tmp_path), tmp_path / "r"
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", fsync)
+        code, _, err = sweep(capsys, spec, out)
+    assert code == 2 and "No space left on device" in err and "--resume" in err and one_line(err)
+    assert len(stream_records(out / DEV / "small.partial.jsonl")) == 4
+    code, _, err = sweep(capsys, spec, out, "--resume")
+    assert code == 0 and "kept 4 of 12" in err
 
 
 def test_render_never_overwrites_its_input(tmp_path, capsys):
@@ -456,7 +462,8 @@ def test_launch_sizes_are_bounded_and_a_case_has_a_time_limit(tmp_path, capsys):
 
 def test_reference_names_are_the_shipped_ones(tmp_path, capsys):
     bomb = tmp_path / "x.yaml"
-    bomb.write_text("a: &a [1]\n" + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")))
+    bomb.write_text("a: &a [1]\n" + "".join(f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}]\n"
+                                             for p, c in zip("abcdefgh", "bcdefghi")))  # a billion-laughs YAML
     for name in ("../../x", str(bomb.with_suffix("")), "seed-000-count-block-gb200/../x"):
         code, _, err = run_cli(["show", str(ROOT / "results" / "h200" / "count-block.json"), "--reference", name],
                                capsys)

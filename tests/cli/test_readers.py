@@ -1,5 +1,6 @@
-"""The commands that read (show, compare, recommend, plot, render, merge, validate, list) run where
-torch and triton cannot be imported: each runs in a subprocess in which `import torch` fails."""
+"""The commands that read (show, compare, recommend, plot, render, merge, validate, list), and a sweep
+of a host-only family, run where torch and triton cannot be imported: each runs in a subprocess in
+which `import torch` fails."""
 
 import json
 import subprocess
@@ -72,7 +73,9 @@ def test_blocking_works():
     lambda f: ["validate", *sorted((ROOT / "sweeps").glob("*.yaml"))],
     lambda f: ["list"],
     lambda f: ["sweep", "count-block", "--dry-run"],
-], ids=["show", "show-reference", "compare", "recommend", "plot", "merge", "validate", "list", "dry-run"])
+    lambda f: ["sweep", "combine-lds", "--quick", "--out", f["dir"] / "host-run"],
+], ids=["show", "show-reference", "compare", "recommend", "plot", "merge", "validate", "list", "dry-run",
+        "host-only-sweep"])
 def test_reader_runs_without_torch(files, cmd):
     code, out, err = _blocked(*cmd(files))
     assert code == 0, err

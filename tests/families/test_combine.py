@@ -279,6 +279,6 @@ def test_quick_sweep_end_to_end(tmp_path):
     r = subprocess.run([sys.executable, "-m", "moebench", "sweep", "combine-lds", "--quick", "--out", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    md = (tmp_path / "combine-lds-quick.md").read_text()
+    md = (tmp_path / "host" / "combine-lds-quick.md").read_text()  # OUT/<device>/NAME.*, host-only too
     assert "**8/8 match**" in md and "## Per-element fallback band" in md
-    assert (tmp_path / "combine-lds-quick.csv").exists()
+    assert (tmp_path / "host" / "combine-lds-quick.csv").exists()
