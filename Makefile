@@ -9,7 +9,7 @@ SMOKE   ?= $(VENV)/smoke-results
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install test unit smoke h200 clean
+.PHONY: install test unit smoke h200 h200-layer clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,7 @@ smoke: install
 	$(BIN)/moebench sweep act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
+	$(BIN)/moebench sweep layer --quick --out $(SMOKE)
 
 test: unit smoke
 
@@ -41,6 +42,10 @@ test: unit smoke
 # device session; copy $(OUT)/A/h200/* into results/h200/ afterwards.
 h200:
 	bash scripts/h200.sh $(or $(OUT),h200-run)
+
+# GPU only: the layer step (issue 17), ~3-4 minutes; copy $(OUT)/h200/layer* into results/h200/.
+h200-layer:
+	bash scripts/h200-layer.sh $(or $(OUT),h200-layer-run)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -121,8 +121,10 @@ def ab(
         bar.advance()
 
     t = sp.timing
-    timer_text = (f"Per-launch median of CUDA-graph replay ({t.launches_per_graph} launches per graph, L2 {t.l2}), "
-                  "one median per measurement.")
+    per_graph = (f"{t.launches_per_graph} launches per graph" if fam.graph_launches is None else
+                 f"up to {t.launches_per_graph} launches per graph, fewer where one launch is a whole layer step "
+                 "(each record says how many)")
+    timer_text = f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {t.l2}), one median per measurement."
     def per_launch(p: ABPair) -> int:
         return launch_layers(fam, p.off.params)
 

@@ -240,9 +240,15 @@ def test_cpu_grouped_mm_and_the_loop_agree_with_empty_groups():
 
 
 def test_cuda_grouped_mm_choice(monkeypatch):
-    assert layer.grouped_mm_impl("cuda")[1] == "torch.nn.functional.grouped_mm"
+    a = torch.ones(16, 8, dtype=torch.bfloat16)
+    b = torch.ones(2, 8, 8, dtype=torch.bfloat16)
+    offs = torch.tensor([8, 16], dtype=torch.int32)
+    fn, name = layer.grouped_mm_impl("cuda")
+    assert name == "torch.nn.functional.grouped_mm"
+    assert torch.equal(fn(a, b, offs), a @ b[0])  # called as the step calls it (torch's CPU kernel stands in)
     monkeypatch.delattr(torch.nn.functional, "grouped_mm")
-    assert layer.grouped_mm_impl("cuda")[1] == "torch._grouped_mm"
+    fn, name = layer.grouped_mm_impl("cuda")
+    assert name == "torch._grouped_mm" and torch.equal(fn(a, b, offs), a @ b[0])
     monkeypatch.delattr(torch, "_grouped_mm")
     with pytest.raises(Unavailable, match="grouped_mm"):
         layer.grouped_mm_impl("cuda")
@@ -407,3 +413,45 @@ def test_an_ab_over_the_scopes_gives_the_conversion_table():
                         layers=48, timer_text="", per_launch=lambda p: launch_layers(spec.family, p.off.params))
     assert "| -153.6 µs |" in table and "| -120.0 µs |" in table and "| -110.0 µs |" in table
     assert "one launch is the whole 48-layer step" in table
+
+
+def test_ab_command_on_the_layer_family_runs_the_kernels_and_appends_the_conversion(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """`moebench ab layer-count --quick` end to end: real kernels under the interpreter, each case
+    checked, with a stand-in for the GPU timer (the only part that needs a GPU)."""
+    import moebench.core.device as device
+    from moebench.core.session import Session
+    from clirun import run_cli
+
+    monkeypatch.setattr(device, "want_interpreter", lambda requested: False)
+    monkeypatch.setattr(device, "detect", lambda interpret: DEV)
+    monkeypatch.setattr(device, "require_triton", lambda: None)
+
+    def timed(self, case, rec, builts):
+        p = case.params
+        base = 5.0 if p["scope"] == "count" else 100.0 * p["layers"]
+        saving = 3.0 if p["scope"] == "count" else 2.0 * p["layers"]
+        rec.timing["median_us"] = base - (saving if p["count_block_size"] == 128 else 0.0)
+
+    monkeypatch.setattr(Session, "_time", timed)
+    spec = tmp_path / "layer-count.yaml"  # sweeps/layer-count.yaml's quick shape, with interpreter-sized grids
+    spec.write_text("""
+name: layer-count
+family: layer
+model: qwen3-30b-a3b
+variants: [{variant: step, label: layer}]
+baseline: {variant: step, count_block_size: 1024, act_variant: capped, act_grid_cap: 16}
+axes: {scope: [count, step], layers: [1, 2], count_block_size: [1024, 128]}
+where: scope == 'step' or layers == 1
+fixed: {tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 4, local_expert_start: 4,
+        hidden: 64, ffn: 32, align: 4, count_grid: 4, act_variant: capped, act_grid_cap: 16}
+""")
+    code, out, err = run_cli(["ab", str(spec), "--off", "count_block_size=1024", "--on", "count_block_size=128",
+                              "--arms", "2", "--iters", "2", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    md = (tmp_path / DEV.slug / "layer-count-ab.md").read_text()
+    assert "### What the saving is worth in the layer" in md
+    assert "| count: -3.000" in md and "| 0.67 |" in md  # 2 µs of 3 survive in the step
+    # per step: the kernel and one step x 48; the 2-layer step is 24 launches of -4 µs
+    assert "| layers=1, scope=count | 5.000 | 2.000 |" in md and "| -144.0 µs |" in md
+    assert "| layers=2, scope=step | 200.000 | 196.000 | -4.000 |" in md and "one launch per 2 layers" in md

@@ -216,90 +216,7 @@ def _combine_kernel(
         out_row += NUM_BLOCKS * hidden
 
 
-# ----------------------------------------------------------------------------------- inputs
-
-
-@dataclass
-class Inputs:
-    x: torch.Tensor  # (T, H) bf16; rows >= V are drawn too, and must not matter
-    valid: torch.Tensor  # (1,) int32 V
-    router: torch.Tensor  # (Ly, E, H) bf16
-    fc1: torch.Tensor  # (Ly, L, W, H) bf16: (out, in), megatron-core's stacked fc1_weight layout
-    fc2: torch.Tensor  # (Ly, L, H, N) bf16
-    routing_map: torch.Tensor  # (Ly, T, K) int32, each layer's top-K experts (written by the step)
-    probs: torch.Tensor  # (Ly, T, K) fp32, their renormalized weights
-    top_values: torch.Tensor  # (T, K) fp32 scratch
-    top_indices: torch.Tensor  # (T, K) int64 scratch
-    counts_buf: torch.Tensor  # (L + 2 * _GUARD,) int32; the counts are the middle
-    counts: torch.Tensor  # (L,) int32 view
-    starts: torch.Tensor  # (L,) int32
-    ends: torch.Tensor  # (L,) int32
-    n_used: torch.Tensor  # (1,) int32 view of ends[L - 1]
-    dest: torch.Tensor  # (T * K,) int32
-    perm: torch.Tensor  # (M,) int32
-    permuted: torch.Tensor  # (M, H) bf16
-    fc1_out: torch.Tensor  # (M, W) bf16: the input of the activation alone (scope act)
-    act_out: torch.Tensor  # (M, N) bf16
-    out: torch.Tensor  # (Ly, T, H) fp32
-    rows: int  # M
-
-
-def build_inputs(params: dict, device: str, set_index: int = 0) -> Inputs:
-    """Seeded random hidden states and weights, drawn on the device (a 48-layer case holds ~14 GB
-    of expert weights). Scales: x ~ N(0, 1); router and FC1 ~ N(0, 1/H), so logits and FC1
-    outputs are ~N(0, 1), the activation's curved range; FC2 ~ N(0, 1/N)."""
-    seed = params["seed"] * 1_000_003 + set_index
-    g = torch.Generator(device=device).manual_seed(seed)
-    T, H, E, K = params["buffer_tokens"], params["hidden"], params["num_experts"], params["topk"]
-    L, Ly = params["local_experts"], params["layers"]
-    W, N = widths(params)
-    M = capacity_rows(params)
-
-    def randn(*shape, std=1.0):
-        return torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16).mul_(std)
-
-    def empty(*shape, dtype):
-        return torch.empty(*shape, dtype=dtype, device=device)
-
-    x = randn(T, H)
-    router = randn(Ly, E, H, std=H ** -0.5)
-    fc1 = randn(Ly, L, W, H, std=H ** -0.5)
-    fc2 = randn(Ly, L, H, N, std=N ** -0.5)
-    counts_buf = torch.full((L + 2 * _GUARD,), _COUNT_POISON, dtype=torch.int32, device=device)
-    ends = torch.zeros(L, dtype=torch.int32, device=device)
-    out = empty(Ly, T, H, dtype=torch.float32)
-    out.view(torch.int32).fill_(_OUT_POISON_BITS)
-    return Inputs(
-        x=x, valid=torch.tensor([params["tokens"]], dtype=torch.int32, device=device), router=router, fc1=fc1,
-        fc2=fc2, routing_map=torch.zeros(Ly, T, K, dtype=torch.int32, device=device),
-        probs=torch.zeros(Ly, T, K, dtype=torch.float32, device=device),
-        top_values=empty(T, K, dtype=torch.float32), top_indices=empty(T, K, dtype=torch.int64),
-        counts_buf=counts_buf, counts=counts_buf[_GUARD:_GUARD + L],
-        starts=torch.zeros(L, dtype=torch.int32, device=device), ends=ends, n_used=ends[L - 1:],
-        dest=torch.full((T * K,), -1, dtype=torch.int32, device=device),
-        perm=torch.full((M,), -1, dtype=torch.int32, device=device),
-        permuted=torch.zeros(M, H, dtype=torch.bfloat16, device=device),
-        fc1_out=torch.zeros(M, W, dtype=torch.bfloat16, device=device),
-        act_out=torch.zeros(M, N, dtype=torch.bfloat16, device=device), out=out, rows=M)
-
-
-def input_bytes(params: dict) -> int:
-    """Everything build_inputs allocates, plus the two GEMM outputs a step allocates."""
-    T, H, E, K = params["buffer_tokens"], params["hidden"], params["num_experts"], params["topk"]
-    L, Ly, M = params["local_experts"], params["layers"], capacity_rows(params)
-    W, N = widths(params)
-    return (T * H * 2 + Ly * (E * H * 2 + expert_weight_bytes(params) + T * K * 8 + T * H * 4)
-            + T * K * 16 + (L + 2 * _GUARD) * 4 + L * 8 + M * 4 + M * (H + W + N) * 2 + M * (W + H) * 2)
-
-
-def touched_bytes(params: dict) -> int:
-    """All of the inputs: the kernel alone (scope count / act) runs on the layer's own tensors,
-    in the layer's own placement, so a case rotates no input sets (the expert weights are far
-    larger than L2 anyway)."""
-    return input_bytes(params)
-
-
-# ----------------------------------------------------------------------------------- routing
+# ----------------------------------------------------------------------------------- launchers: routing
 
 
 def route(x: torch.Tensor, router: torch.Tensor, topk: int, routing_map: torch.Tensor, probs: torch.Tensor,
@@ -354,10 +271,12 @@ def grouped_mm_impl(device_type: str, *, loop: bool = False) -> tuple[Callable, 
     `loop`, that per-group loop."""
     public = getattr(torch.nn.functional, "grouped_mm", None)
     if device_type == "cuda":
+        # offs is keyword-only in torch.nn.functional.grouped_mm
         if public is not None:
-            return public, "torch.nn.functional.grouped_mm"
-        if getattr(torch, "_grouped_mm", None) is not None:
-            return torch._grouped_mm, "torch._grouped_mm"
+            return (lambda a, b, offs: public(a, b, offs=offs)), "torch.nn.functional.grouped_mm"
+        private = getattr(torch, "_grouped_mm", None)
+        if private is not None:
+            return (lambda a, b, offs: private(a, b, offs=offs)), "torch._grouped_mm"
         raise Unavailable(f"the layer step needs torch.nn.functional.grouped_mm (torch >= 2.10) or torch._grouped_mm "
                           f"(torch >= 2.8); this is torch {torch.__version__}")
     fn = None if loop else _cpu_grouped_mm()
@@ -366,7 +285,7 @@ def grouped_mm_impl(device_type: str, *, loop: bool = False) -> tuple[Callable, 
     return (lambda a, b, offs: fn(a, b, offs=offs)), "grouped_mm (CPU)"
 
 
-# ----------------------------------------------------------------------------------- launchers
+# ----------------------------------------------------------------------------------- launchers: the step's own kernels
 
 
 @dataclass
@@ -683,6 +602,89 @@ def work(params: dict, geometry: dict, device) -> dict:
     per_layer = expert_weight_bytes(params) * populated / L + E * H * 2 + V * H * (2 + 4)
     return {"bytes": int(params["layers"] * per_layer), "experts_populated_expected": round(populated, 2),
             "layers": params["layers"], "rows": geometry.get("rows")}
+
+
+# ----------------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class Inputs:
+    x: torch.Tensor  # (T, H) bf16; rows >= V are drawn too, and must not matter
+    valid: torch.Tensor  # (1,) int32 V
+    router: torch.Tensor  # (Ly, E, H) bf16
+    fc1: torch.Tensor  # (Ly, L, W, H) bf16: (out, in), megatron-core's stacked fc1_weight layout
+    fc2: torch.Tensor  # (Ly, L, H, N) bf16
+    routing_map: torch.Tensor  # (Ly, T, K) int32, each layer's top-K experts (written by the step)
+    probs: torch.Tensor  # (Ly, T, K) fp32, their renormalized weights
+    top_values: torch.Tensor  # (T, K) fp32 scratch
+    top_indices: torch.Tensor  # (T, K) int64 scratch
+    counts_buf: torch.Tensor  # (L + 2 * _GUARD,) int32; the counts are the middle
+    counts: torch.Tensor  # (L,) int32 view
+    starts: torch.Tensor  # (L,) int32
+    ends: torch.Tensor  # (L,) int32
+    n_used: torch.Tensor  # (1,) int32 view of ends[L - 1]
+    dest: torch.Tensor  # (T * K,) int32
+    perm: torch.Tensor  # (M,) int32
+    permuted: torch.Tensor  # (M, H) bf16
+    fc1_out: torch.Tensor  # (M, W) bf16: the input of the activation alone (scope act)
+    act_out: torch.Tensor  # (M, N) bf16
+    out: torch.Tensor  # (Ly, T, H) fp32
+    rows: int  # M
+
+
+def build_inputs(params: dict, device: str, set_index: int = 0) -> Inputs:
+    """Seeded random hidden states and weights, drawn on the device (a 48-layer case holds ~14 GB
+    of expert weights). Scales: x ~ N(0, 1); router and FC1 ~ N(0, 1/H), so logits and FC1
+    outputs are ~N(0, 1), the activation's curved range; FC2 ~ N(0, 1/N)."""
+    seed = params["seed"] * 1_000_003 + set_index
+    g = torch.Generator(device=device).manual_seed(seed)
+    T, H, E, K = params["buffer_tokens"], params["hidden"], params["num_experts"], params["topk"]
+    L, Ly = params["local_experts"], params["layers"]
+    W, N = widths(params)
+    M = capacity_rows(params)
+
+    def randn(*shape, std=1.0):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16).mul_(std)
+
+    def empty(*shape, dtype):
+        return torch.empty(*shape, dtype=dtype, device=device)
+
+    x = randn(T, H)
+    router = randn(Ly, E, H, std=H ** -0.5)
+    fc1 = randn(Ly, L, W, H, std=H ** -0.5)
+    fc2 = randn(Ly, L, H, N, std=N ** -0.5)
+    counts_buf = torch.full((L + 2 * _GUARD,), _COUNT_POISON, dtype=torch.int32, device=device)
+    ends = torch.zeros(L, dtype=torch.int32, device=device)
+    out = empty(Ly, T, H, dtype=torch.float32)
+    out.view(torch.int32).fill_(_OUT_POISON_BITS)
+    return Inputs(
+        x=x, valid=torch.tensor([params["tokens"]], dtype=torch.int32, device=device), router=router, fc1=fc1,
+        fc2=fc2, routing_map=torch.zeros(Ly, T, K, dtype=torch.int32, device=device),
+        probs=torch.zeros(Ly, T, K, dtype=torch.float32, device=device),
+        top_values=empty(T, K, dtype=torch.float32), top_indices=empty(T, K, dtype=torch.int64),
+        counts_buf=counts_buf, counts=counts_buf[_GUARD:_GUARD + L],
+        starts=torch.zeros(L, dtype=torch.int32, device=device), ends=ends, n_used=ends[L - 1:],
+        dest=torch.full((T * K,), -1, dtype=torch.int32, device=device),
+        perm=torch.full((M,), -1, dtype=torch.int32, device=device),
+        permuted=torch.zeros(M, H, dtype=torch.bfloat16, device=device),
+        fc1_out=torch.zeros(M, W, dtype=torch.bfloat16, device=device),
+        act_out=torch.zeros(M, N, dtype=torch.bfloat16, device=device), out=out, rows=M)
+
+
+def input_bytes(params: dict) -> int:
+    """Everything build_inputs allocates, plus the two GEMM outputs a step allocates."""
+    T, H, E, K = params["buffer_tokens"], params["hidden"], params["num_experts"], params["topk"]
+    L, Ly, M = params["local_experts"], params["layers"], capacity_rows(params)
+    W, N = widths(params)
+    return (T * H * 2 + Ly * (E * H * 2 + expert_weight_bytes(params) + T * K * 8 + T * H * 4)
+            + T * K * 16 + (L + 2 * _GUARD) * 4 + L * 8 + M * 4 + M * (H + W + N) * 2 + M * (W + H) * 2)
+
+
+def touched_bytes(params: dict) -> int:
+    """All of the inputs: the kernel alone (scope count / act) runs on the layer's own tensors,
+    in the layer's own placement, so a case rotates no input sets (the expert weights are far
+    larger than L2 anyway)."""
+    return input_bytes(params)
 
 
 # ----------------------------------------------------------------------------------- variants
