@@ -167,16 +167,17 @@ def sweep_rows(path: Path) -> list[list[str]]:
     timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
     shapes: dict[tuple, list] = {}
     for r in timed:
-        shapes.setdefault((r.params.get("op"), r.params.get("tokens"), r.params.get("buffer_tokens")), []).append(r)
+        key = (r.params.get("op"), r.params.get("tokens"), r.params.get("buffer_tokens"), r.params.get("local_experts"))
+        shapes.setdefault(key, []).append(r)
     rows = []
-    for (op, tokens, cap), rs in shapes.items():
+    for (op, tokens, cap, local), rs in shapes.items():
         best = min(rs, key=lambda r: r.timing["median_us"])
         base = next((r for r in rs if is_base(r)), None)
 
         def cell(r):
             return f"{r.label} {r.timing['median_us']:.2f}"
 
-        rows.append([op, f"{tokens} of {cap}", cell(base) if base else "—", cell(best),
+        rows.append([op, f"{tokens} of {cap}", local, cell(base) if base else "—", cell(best),
                      num(best.work.get("delta_us"), "+.2f"), num(best.work.get("per_step_delta_us"), "+.1f"),
                      ", ".join(f"{r.label} {r.timing['median_us']:.2f}" for r in rs if r.variant == "mcore") or "—"])
     return rows
@@ -203,8 +204,8 @@ def section(directory: Path, kernel_dir: Path | None = None) -> str:
     if srows:
         out += ["Every configuration of `moebench sweep layer` in the step (µs per layer step; Δ and per step "
                 "against the seeds' before-launch at the same shape; `layer.md` has every row):", "",
-                md_table(["op", "live of capacity tokens", "before", "fastest", "fastest Δ µs", "per step µs",
-                          "megatron-core fused MoE"], srows), ""]
+                md_table(["op", "live of capacity tokens", "local experts", "before", "fastest", "fastest Δ µs",
+                          "per step µs", "megatron-core fused MoE"], srows), ""]
     out += ["Files: `layer.{csv,json,md}`, `layer-count-ab.{json,md}`, `layer-act-ab.{json,md}`"
             + (", `layer-act-best-ab.{json,md}`" if (directory / "layer-act-best-ab.json").is_file() else "") + "."]
     return "\n".join(out) + "\n"

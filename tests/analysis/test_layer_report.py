@@ -97,7 +97,9 @@ def test_the_section_gives_each_changes_conversion_and_verdict(results):
     act = next(line for line in text.splitlines() if line.startswith("| seed 001"))
     assert "+0.570 (one sweep, no arms) (`act-grid-rows.json`, M 4096 (the layer's 2560 rows" in act
     # the sweep table: the fastest at decode, against the before-launch
-    assert "| silu_mul_bounded | 256 of 256 | before (count 1024, act min(M,512)) 100.00 | seed 000 (count 128) 98.00 |" in text
+    assert ("| silu_mul_bounded | 256 of 256 | 32 | before (count 1024, act min(M,512)) 100.00 | "
+            "seed 000 (count 128) 98.00 |") in text
+    assert "| silu_mul_bounded | 256 of 256 | 16 | before, other EP 100.00 |" in text
 
 
 def test_best_cap_reads_the_layer_sweep(results):
