@@ -30,6 +30,8 @@ from moebench.families.act import OPS
 from moebench.families.count import FAMILY as COUNT
 
 SCOPES = ("step", "count", "act")
+# Shape parameters the step shares with the count family (live tokens V, capacity T, K, E, L, S).
+_ROUTING = ("tokens", "buffer_tokens", "topk", "num_experts", "local_experts", "local_expert_start")
 # The MoE layers of the model the seeds measured (configs/qwen3-30b-a3b.yaml moe_layers).
 MAX_LAYERS = 64
 # A graph replay of many layer steps should stay near this long: long enough that the graph's
@@ -104,12 +106,8 @@ FAMILY = FamilySpec(
     params={
         p.name: p
         for p in (
-            Param("tokens", int, min=0, help="live tokens V this step (a device scalar)"),
-            Param("buffer_tokens", int, min=1, help="capture-time capacity T; every grid is derived from it"),
-            Param("topk", int, min=1, max=64, model_key="topk", help="experts per token K"),
-            Param("num_experts", int, min=1, model_key="num_experts", help="routed experts E"),
-            Param("local_experts", int, min=1, model_key="local_experts", help="experts on this rank L"),
-            Param("local_expert_start", int, default=0, min=0, help="first local expert id S"),
+            # the routing shape, as the count family declares it: the step hands these to its count variant
+            *(COUNT.params[n] for n in _ROUTING),
             Param("hidden", int, min=8, model_key="hidden", help="model width H"),
             Param("ffn", int, min=8, model_key="moe_ffn", help="per-expert FFN width N"),
             Param("op", str, default="silu_mul_bounded", choices=OPS,

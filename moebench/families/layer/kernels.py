@@ -63,7 +63,7 @@ import triton.language as tl
 
 from moebench.errors import Unavailable
 from moebench.families import REQUIRED, Built, Check, cdiv, get_family, next_pow2
-from moebench.families.layer import FAMILY, capacity_rows, expert_weight_bytes, widths
+from moebench.families.layer import _ROUTING, FAMILY, capacity_rows, expert_weight_bytes, widths
 
 # Live pairs one program of the place kernel reads per step of its walk: the whole decode map
 # (256 tokens x 8) in two steps, a 1024-wide prefix sum per step.
@@ -366,16 +366,13 @@ class _Step:
         self.inp, self.params, self.device = inp, params, device
         self.g = _Geometry.of(params)
         W, N = widths(params)
-        T, K, Ly = params["buffer_tokens"], params["topk"], params["layers"]
-        shape = {"tokens": params["tokens"], "buffer_tokens": T, "topk": K, "num_experts": params["num_experts"],
-                 "local_experts": params["local_experts"], "local_expert_start": params["local_expert_start"],
-                 "seed": params["seed"]}
+        shape = {**{n: params[n] for n in _ROUTING}, "seed": params["seed"]}
         fam, cq, self.count_from = _delegate("count", params["count_variant"], "count_", params, shape, device)
         count_inputs = fam.load().Inputs
         builder = fam.builder(params["count_variant"])
         self.counters = [builder(count_inputs(routing_map=inp.routing_map[l], valid=inp.valid,
                                               counts_buf=inp.counts_buf, counts=inp.counts, tokens=params["tokens"]),
-                                 cq, device) for l in range(Ly)]
+                                 cq, device) for l in range(params["layers"])]
         act_shape = {"op": params["op"], "rows": inp.rows, "live_rows": inp.rows, "ffn": N, "in_cols": W,
                      "seed": params["seed"]}
         fam, self.act_params, self.act_from = _delegate("act", params["act_variant"], "act_", params, act_shape,
