@@ -255,13 +255,20 @@ def test_cuda_grouped_mm_choice(monkeypatch):
         layer.grouped_mm_impl("cuda")
 
 
-def test_the_upstream_arm_is_unavailable_here():
-    p = {**BASE, "op": "squared_relu"}
-    inp = layer.build_inputs(p, "cpu")
+def test_the_upstream_arm_is_unavailable_here_and_the_session_says_so():
     if sys.version_info >= (3, 12):
         pytest.skip("megatron-core may be importable on Python >= 3.12")
+    p = {**BASE, "op": "squared_relu"}
     with pytest.raises(Unavailable, match="mcore_fused_moe"):
-        FAM.builder("mcore")(inp, p, DEV)
+        FAM.builder("mcore")(layer.build_inputs(p, "cpu"), p, DEV)
+    from moebench.core.cases import expand
+    from moebench.core.session import Options, Session
+    from moebench.core.spec import load_spec
+
+    spec = load_spec("layer")
+    (case,) = [c for c in expand(spec, quick=True) if c.variant == "mcore"]
+    rec = Session(spec, DEV, Options(timing=spec.timing, time_it=False), environ={}).run_case(case)
+    assert rec.status == "unavailable" and "install megatron-core" in rec.error
 
 
 def _fake_megatron(monkeypatch, calls):

@@ -26,13 +26,14 @@ from typing import Any
 from moebench.core.text import md_table, num
 from moebench.families import FamilySpec, Param
 from moebench.families.act import FAMILY as ACT
-from moebench.families.act import OPS
+from moebench.families.act import GATED_OPS, OPS, PADDED_OPS
 from moebench.families.count import FAMILY as COUNT
 
 SCOPES = ("step", "count", "act")
 # Shape parameters the step shares with the count family (live tokens V, capacity T, K, E, L, S).
 _ROUTING = ("tokens", "buffer_tokens", "topk", "num_experts", "local_experts", "local_expert_start")
-# The MoE layers of the model the seeds measured (configs/qwen3-30b-a3b.yaml moe_layers).
+# At most this many MoE layers in one launch: Qwen3-30B-A3B has 48 (configs/qwen3-30b-a3b.yaml),
+# and a 64-layer graph still fits an H200 (~20 GB of expert weights at these widths).
 MAX_LAYERS = 64
 # A graph replay of many layer steps should stay near this long: long enough that the graph's
 # own launch cost (a few µs) is a small share, short enough that 20 replays take well under 1 s.
@@ -57,7 +58,7 @@ def _delegated(fam: FamilySpec, prefix: str) -> list[Param]:
 def widths(params: dict) -> tuple[int, int]:
     """(FC1 output width W, activation output width N): W = 2N for the gated ops."""
     n = params["ffn"]
-    return (2 * n if params["op"] in ("silu_mul_bounded", "swiglu") else n), n
+    return (2 * n if params["op"] in GATED_OPS else n), n
 
 
 def capacity_rows(params: dict) -> int:

@@ -63,7 +63,7 @@ import triton.language as tl
 
 from moebench.errors import Unavailable
 from moebench.families import REQUIRED, Built, Check, cdiv, get_family, next_pow2
-from moebench.families.layer import _ROUTING, FAMILY, capacity_rows, expert_weight_bytes, widths
+from moebench.families.layer import _ROUTING, FAMILY, PADDED_OPS, capacity_rows, expert_weight_bytes, widths
 
 # Live pairs one program of the place kernel reads per step of its walk: the whole decode map
 # (256 tokens x 8) in two steps, a 1024-wide prefix sum per step.
@@ -292,7 +292,6 @@ def grouped_mm_impl(device_type: str, *, loop: bool = False) -> tuple[Callable, 
 class _Geometry:
     """The step's own launches: fixed at capture from the capacity."""
 
-    tokens: int  # T
     topk: int
     hidden: int
     local_start: int
@@ -306,7 +305,7 @@ class _Geometry:
     @classmethod
     def of(cls, params: dict) -> "_Geometry":
         T, M = params["buffer_tokens"], capacity_rows(params)
-        return cls(T, params["topk"], params["hidden"], params["local_expert_start"], params["local_experts"],
+        return cls(params["topk"], params["hidden"], params["local_expert_start"], params["local_experts"],
                    params["align"], M, min(cdiv(M, _COPY_ROWS_PER_CTA), _MAX_COPY_CTAS),
                    min(cdiv(T, _COMBINE_TOKENS_PER_CTA), _MAX_COMBINE_CTAS),
                    min(next_pow2(params["hidden"]), _MAX_BLOCK_H))
@@ -386,8 +385,8 @@ class _Step:
 
     def activation(self, fc1_out: torch.Tensor) -> Built:
         """The act variant around an FC1 output. grouped_mm returns a new tensor each call (it has
-        no out= form), so the launch is rebuilt around it each time; act builders only make a
-        closure, so this costs host time alone (and happens once, at capture)."""
+        no out= form), so the launch is rebuilt around it each time. Act builders only make a
+        closure: this costs host time per eager launch, and nothing in a captured graph."""
         inp = self.inp
         a = self.act_inputs(op=self.params["op"], x=fc1_out, live=inp.n_used, perm=inp.perm, out_buf=inp.act_out,
                             out=inp.act_out, work_rows=None, rows=inp.rows, live_rows=inp.rows,
@@ -502,7 +501,7 @@ def reference(inp: Inputs, params: dict) -> Expected:
         W, N = widths(params)
         n_used = int(inp.n_used.item())
         rows = torch.arange(inp.rows) < n_used
-        if params["op"] in ("swiglu", "squared_relu"):
+        if params["op"] in PADDED_OPS:
             rows &= inp.perm.cpu() >= 0
         act = torch.empty(inp.rows, N, dtype=torch.bfloat16)
         act.view(torch.int16).fill_(_ACT_POISON_BITS)
