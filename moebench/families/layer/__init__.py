@@ -26,7 +26,7 @@ from typing import Any
 from moebench.core.text import md_table, num
 from moebench.families import FamilySpec, Param
 from moebench.families.act import FAMILY as ACT
-from moebench.families.act import GATED_OPS, OPS, PADDED_OPS
+from moebench.families.act import GATED_OPS, OPS
 from moebench.families.count import FAMILY as COUNT
 
 SCOPES = ("step", "count", "act")

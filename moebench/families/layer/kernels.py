@@ -12,7 +12,7 @@ One layer, every stage on the graph's stream, every grid fixed at capture, every
 the device:
 
     route     torch: logits = x @ Wr^T (bf16), softmax in fp32, top-K, renormalize -> (T, K) map + probs
-    count     the `count` family's variant: pairs per local expert              (counts zeroed first)
+    count     the `count` family's variant: pairs per local expert       (its reset first: counts zeroed)
     offsets   _expert_offsets_kernel: counts rounded up to A, prefix sum -> starts, ends; U = ends[L-1]
     place     _place_pairs_kernel: each live local pair's row, its rank among its expert's pairs
     permute   _gather_rows_kernel: permuted rows of x; alignment-padding rows written as zeros
@@ -63,7 +63,8 @@ import triton.language as tl
 
 from moebench.errors import Unavailable
 from moebench.families import REQUIRED, Built, Check, cdiv, get_family, next_pow2
-from moebench.families.layer import _ROUTING, FAMILY, PADDED_OPS, capacity_rows, expert_weight_bytes, widths
+from moebench.families.act import PADDED_OPS
+from moebench.families.layer import _ROUTING, FAMILY, capacity_rows, expert_weight_bytes, widths
 
 # Live pairs one program of the place kernel reads per step of its walk: the whole decode map
 # (256 tokens x 8) in two steps, a 1024-wide prefix sum per step.
@@ -338,9 +339,13 @@ def combine(inp: Inputs, y: torch.Tensor, layer: int, g: _Geometry) -> None:
 # ----------------------------------------------------------------------------------- the variants under test
 # The count and act kernels are other families' variants, built through their own resolve and
 # builder around this step's tensors. What this relies on (keep it stable): FamilySpec.resolve /
-# .builder / .load, Built.launch / .geometry / .compile_key, and the keyword fields of
-# count's Inputs(routing_map, valid, counts_buf, counts, tokens) and act's Inputs(op, x, live,
-# perm, out_buf, out, work_rows, rows, live_rows, n_cols, in_cols).
+# .builder / .load; Built.launch / .geometry / .compile_key, and a count Built's reset (zero the
+# counters; it runs inside the step, so it must be graph-capturable); the keyword fields of count's
+# Inputs(routing_map, valid, counts_buf, counts, tokens) and act's Inputs(op, x, live, perm,
+# out_buf, out, work_rows, rows, live_rows, n_cols, in_cols); the shape parameters count takes
+# (_ROUTING, seed) and act takes (op, rows, live_rows, ffn, in_cols, seed), all others having
+# defaults; and act builders that only make a closure (the act launch is rebuilt around each
+# FC1 output, see _Step.activation).
 
 
 def _delegate(fam_name: str, variant: str, prefix: str, params: dict, shape: dict, device) -> tuple:
@@ -402,7 +407,7 @@ class _Step:
         """route -> count -> offsets -> place -> permute -> FC1; returns the FC1 output."""
         inp, g = self.inp, self.g
         self.route(layer)
-        inp.counts.zero_()
+        self.counters[layer].reset()  # the count variant's own pre-launch state: its counters zeroed
         self.counters[layer].launch()
         expert_offsets(inp, g)
         place_pairs(inp, layer, g)
