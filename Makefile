@@ -13,7 +13,7 @@ TORCH_CPU ?= torch==2.13.0
 TRITON_OLD ?= triton==3.6.0
 SWEEP   ?= count-block
 
-.PHONY: install sweep test unit compat smoke h200 clean
+.PHONY: install sweep test unit compat smoke h200 h200-layer clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,7 @@ smoke: install
 	$(BIN)/moebench sweep act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
+	$(BIN)/moebench sweep layer --quick --out $(SMOKE)
 	test -f $(SMOKE)/host/combine-lds-quick.json  # one layout for every family: OUT/<device>/NAME.*
 
 test: unit compat smoke
@@ -57,6 +58,10 @@ test: unit compat smoke
 # device session; copy $(OUT)/A/h200/* into results/h200/ afterwards.
 h200:
 	bash scripts/h200.sh $(or $(OUT),h200-run)
+
+# GPU only: the layer step (issue 17), ~3-4 minutes; copy $(OUT)/h200/layer* into results/h200/.
+h200-layer:
+	bash scripts/h200-layer.sh $(or $(OUT),h200-layer-run)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -134,24 +134,37 @@ def noise_text(st: ABStats, unit: str = "µs", digits: int = 3) -> str:
 @dataclass
 class Projection:
     layers: int
-    before: float  # off per launch x layers
+    before: float  # off per launch x launches per step
     after: float
     delta: float  # after - before
+    per_launch: int = 1  # MoE layers one launch covers (a whole multi-layer step: all of them)
 
 
-def per_step(off_us: float, on_us: float, layers: int | None) -> Projection | None:
-    """Per-step cost of a kernel launched once per MoE layer: µs per launch x layers. None when
-    the layer count is unknown (the spec names no model, or its model has no moe_layers)."""
+def per_step(off_us: float, on_us: float, layers: int | None, per_launch: int = 1) -> Projection | None:
+    """Per-step cost of a launch that covers `per_launch` MoE layers (a kernel: one): µs per
+    launch x layers / per_launch. None when the layer count is unknown (the spec names no model,
+    or its model has no moe_layers)."""
     if not layers:
         return None
-    return Projection(layers, off_us * layers, on_us * layers, (on_us - off_us) * layers)
+    n = layers / max(1, per_launch)
+    return Projection(layers, off_us * n, on_us * n, (on_us - off_us) * n, per_launch)
 
 
 def projection_text(p: Projection | None) -> str:
     if p is None:
         return "Per-step projection: none (the spec's model config gives no moe_layers)."
+    if p.per_launch >= p.layers:
+        return (f"Measured per step: {p.before:.1f} → {p.after:.1f} µs/step ({p.delta:+.1f} µs); one launch is "
+                f"the whole {p.per_launch}-layer step, so nothing is projected.")
+    each = "one launch each" if p.per_launch == 1 else f"one launch per {p.per_launch} layers"
     return (f"Projected per step: {p.before:.1f} → {p.after:.1f} µs/step ({p.delta:+.1f} µs) over "
-            f"{p.layers} MoE layers, one launch each.")
+            f"{p.layers} MoE layers, {each}.")
+
+
+def launch_layers(family, params: dict) -> int:
+    """MoE layers one launch of a case covers: 1 unless the family says otherwise."""
+    hook = getattr(family, "layers_per_launch", None)
+    return max(1, int(hook(params))) if hook is not None else 1
 
 
 
@@ -345,9 +358,11 @@ def separation_cell(st: ABStats) -> str:
 
 
 def ab_markdown(*, spec_name: str, device: str, off: Sequence[Setting], on: Sequence[Setting], arms: int,
-                iters: int, pairs: list[ABPair], layers: int | None, timer_text: str) -> str:
+                iters: int, pairs: list[ABPair], layers: int | None, timer_text: str,
+                per_launch: Callable[[ABPair], int] = lambda p: 1) -> str:
     """The block for a PR description: summary table, the argument per case, then each case's
-    arms and iterations (folded), like the seed PRs' A/B tables."""
+    arms and iterations (folded), like the seed PRs' A/B tables. `per_launch(pair)`: the MoE
+    layers one launch of the pair covers (launch_layers)."""
     order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
     step_col = f"per step ({layers} layers)" if layers else "per step"
     out = [f"### A/B on {device}: {settings_text(on)} (ON) against {settings_text(off)} (OFF)", "",
@@ -360,7 +375,7 @@ def ab_markdown(*, spec_name: str, device: str, off: Sequence[Setting], on: Sequ
         if st is None:
             out.append(f"| {p.text} | ✗ | ✗ | | | {p.errors[0]} | | | |")
             continue
-        pr = per_step(st.off_mean, st.on_mean, layers)
+        pr = per_step(st.off_mean, st.on_mean, layers, per_launch(p))
         out.append(f"| {p.text} | {us(st.off_mean)} | {us(st.on_mean)} | {st.delta:+.3f} | {100 * st.rel:+.1f}% | "
                    f"{separation_cell(st)} | {us(st.sd_off)} / {us(st.sd_on)} | {effect_text(st)} | "
                    f"{f'{pr.delta:+.1f} µs' if pr else 'none'} |")
@@ -370,7 +385,7 @@ def ab_markdown(*, spec_name: str, device: str, off: Sequence[Setting], on: Sequ
             continue
         st = p.stats
         out += [f"**{p.text}.** Arm separation: {separation_text(st)}. {noise_text(st)} "
-                f"{projection_text(per_step(st.off_mean, st.on_mean, layers))}", ""]
+                f"{projection_text(per_step(st.off_mean, st.on_mean, layers, per_launch(p)))}", ""]
     out += ["<details><summary>Arms and iterations (µs per launch)</summary>", ""]
     head = ["case", "arm", "config"] + [f"i{i + 1}" for i in range(iters)] + ["mean"]
     out += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]

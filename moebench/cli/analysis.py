@@ -16,8 +16,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect_text, noise_text, per_step,
-                                  projection_text, run_arms, separation_cell, separation_text, settings_text, us)
+from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect_text, launch_layers, noise_text,
+                                  per_step, projection_text, run_arms, separation_cell, separation_text, settings_text,
+                                  us)
 from moebench.analysis.reference import reference_names
 from moebench.cli.common import DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, use_sources
 from moebench.core.text import md_table, num
@@ -25,7 +26,7 @@ from moebench.errors import BackendError, ExitCode, UsageError
 
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
-def _ab_table(pairs: list[ABPair], layers: int | None) -> Table:
+def _ab_table(pairs: list[ABPair], layers: int | None, per_launch) -> Table:
     t = Table(title="A/B per case (µs per launch; ON - OFF)", title_justify="left")
     for c in ("case", "OFF", "ON", "Δ µs", "Δ %", "separation", "sd OFF / ON", "effect",
               f"per step ({layers} layers)" if layers else "per step"):
@@ -35,7 +36,7 @@ def _ab_table(pairs: list[ABPair], layers: int | None) -> Table:
         if st is None:
             t.add_row(p.text, Text("✗", "red"), Text("✗", "red"), "", "", Text(p.errors[0], "red"), "", "", "")
             continue
-        pr = per_step(st.off_mean, st.on_mean, layers)
+        pr = per_step(st.off_mean, st.on_mean, layers, per_launch(p))
         colour = {"better": "green", "worse": "red"}.get(st.separation, "yellow")
         t.add_row(p.text, us(st.off_mean), us(st.on_mean), f"{st.delta:+.3f}", f"{100 * st.rel:+.1f}%",
                   Text(separation_cell(st), colour), f"{us(st.sd_off)} / {us(st.sd_on)}",
@@ -134,10 +135,20 @@ def ab(
             bar.advance()
 
         t = sp.timing
-        timer_text = (f"Per-launch median of CUDA-graph replay ({t.launches_per_graph} launches per graph, "
-                      f"L2 {t.l2}), one median per measurement.")
+        per_graph = (f"{t.launches_per_graph} launches per graph" if fam.graph_launches is None else
+                     f"up to {t.launches_per_graph} launches per graph, fewer where one launch is a whole layer "
+                     "step (each record says how many)")
+        timer_text = f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {t.l2}), one median per measurement."
+
+        def per_launch(p: ABPair) -> int:
+            return launch_layers(fam, p.off.params)
+
         md = ab_markdown(spec_name=sp.name, device=device.name, off=offs, on=ons, arms=arms, iters=iters,
-                         pairs=pairs, layers=layers, timer_text=timer_text)
+                         pairs=pairs, layers=layers, timer_text=timer_text, per_launch=per_launch)
+        if fam.ab_sections is not None:  # the family's own reading of both arms (layer: the conversion)
+            extra = fam.ab_sections(records)
+            if extra:
+                md += "\n" + extra.rstrip() + "\n"
         ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
                   "moe_layers": layers,
                   "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
@@ -151,12 +162,12 @@ def ab(
         atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
         atomic_write_text(dest / f"{stem}.md", md)
 
-    out.print(_ab_table(pairs, layers))
+    out.print(_ab_table(pairs, layers, per_launch))
     for p in pairs:
         if p.stats is not None:
+            pr = per_step(p.stats.off_mean, p.stats.on_mean, layers, per_launch(p))
             out.print(Text.assemble((p.text, "bold"), f": {separation_text(p.stats)}. {noise_text(p.stats)} "
-                                    f"{projection_text(per_step(p.stats.off_mean, p.stats.on_mean, layers))}"),
-                      highlight=False)
+                                    f"{projection_text(pr)}"), highlight=False)
     out.print("\n--- markdown for the PR description ---", style="dim")
     out.print(md, highlight=False, soft_wrap=True)
     out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")

@@ -243,6 +243,8 @@ def add_baseline_deltas(spec, records: list[Record]) -> None:
     for r in records:
         if r.status == "ok" and r.timing.get("median_us") is not None and is_baseline(spec, r.variant, r.params):
             base_by_shape[tuple((k, r.params.get(k)) for k in fam.shape_params)] = r.timing["median_us"]
+    from moebench.analysis.ab import launch_layers
+
     layers = spec.model.get("moe_layers") if spec.model else None
     for r in records:
         m = r.timing.get("median_us")
@@ -253,4 +255,4 @@ def add_baseline_deltas(spec, records: list[Record]) -> None:
         r.work["speedup"] = round(base / m, 3) if m > 0 else None
         r.work["delta_us"] = round(m - base, 4)
         if layers:
-            r.work["per_step_delta_us"] = round((m - base) * layers, 2)
+            r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(fam, r.params), 2)

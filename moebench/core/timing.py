@@ -123,8 +123,9 @@ def dobench_cudagraph_us(fn: Launch, rep_ms: int = 200) -> float:
 
 
 def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: int = 20) -> float | None:
-    """Mean kernel duration as the PyTorch profiler (CUPTI) records it over graph replays: pure
-    kernel time, without the gap between graph nodes that replay timing includes."""
+    """Kernel time per launch as the PyTorch profiler (CUPTI) records it over graph replays: pure
+    kernel time, without the gap between graph nodes that replay timing includes. A launch of
+    several kernels (a whole layer step) counts the sum of its kernels."""
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
 
@@ -139,7 +140,7 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
             for _ in range(replays):
                 graph.replay()
             torch.cuda.synchronize()
-    total, count = 0.0, 0
+    total = 0.0
     for evt in prof.key_averages():
         name = evt.key.lower()
         if "memcpy" in name or "memset" in name or "cudagraph" in name:
@@ -149,6 +150,5 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
             t = getattr(evt, "self_cuda_time_total", 0.0)
         if t and evt.count:
             total += t
-            count += evt.count
     del graph
-    return total / count if count else None
+    return total / (replays * launches_per_graph) if total else None

@@ -36,7 +36,7 @@ from moebench.core.text import show
 REQUIRED = object()
 
 # The built-in families, one folder each; plugins add to the catalogue at run time.
-BUILTIN = ("count", "act", "combine")
+BUILTIN = ("count", "act", "combine", "layer")
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,17 @@ class FamilySpec:
                  rules: tuple[tuple[str, str], ...] = (), host_only: bool = False,
                  default_pivot: dict | None = None, plot: Preset | None = None,
                  cost: Callable[[dict], int] | None = None, sections: Callable[[list], str] | None = None,
-                 twin_tolerance: float | None = None, kernels: str | None = None, origin: str = "builtin"):
+                 twin_tolerance: float | None = None, kernels: str | None = None,
+                 ab_sections: Callable[[list], str] | None = None,
+                 layers_per_launch: Callable[[dict], int] | None = None,
+                 graph_launches: Callable[[dict, int], int] | None = None,
+                 origin: str = "builtin"):
+        """`sections(records)` adds the family's own part to a results page; `ab_sections(records)`
+        the same for an `ab` run's page (its records carry timing.ab_side and ab_arm).
+        `layers_per_launch(params)`: how many MoE layers one launch covers (1 unless the launch is
+        a whole multi-layer step); per-step projections multiply by moe_layers / that.
+        `graph_launches(params, spec_value)`: launches to capture per graph for this case, where
+        one launch can be far longer than the µs-scale kernels the spec's value is set for."""
         self.name = name
         self.doc = doc
         self.params = params
@@ -145,6 +155,9 @@ class FamilySpec:
         self.sections = sections
         # how close a seed kernel must time to its upstream twin to count as the same mechanism
         self.twin_tolerance = twin_tolerance
+        self.ab_sections = ab_sections
+        self.layers_per_launch = layers_per_launch
+        self.graph_launches = graph_launches
         self.origin = origin
         # the module with the kernels, reference, inputs and variants: a built-in family's
         # kernels.py, or a plugin's own module
@@ -307,6 +320,12 @@ class Built:
     reset: Callable[[], None]
     geometry: dict[str, Any] = field(default_factory=dict)
     compile_key: tuple = ()
+    # where geometry values the builder resolved itself came from (a launch built out of another
+    # family's variant records that variant's kill switches here); merged into the record
+    launch_from: dict[str, Any] = field(default_factory=dict)
+    # why this launch cannot be bit-exact with the baseline launch by construction (an upstream
+    # kernel that sums with float atomics): it is then checked against the reference only
+    inexact: str = ""
 
 
 @dataclass

@@ -29,7 +29,8 @@ def test_catalogue_and_kernels_module_agree(name):
 
 def test_the_catalogue_imports_no_torch():
     code = ("import sys; from moebench.families import catalogue; from moebench.core.spec import load_spec; "
-            "[load_spec(n) for n in ('count-block', 'act-grid', 'combine-lds')]; cat = catalogue(); "
+            "[load_spec(n) for n in ('count-block', 'act-grid', 'combine-lds', 'layer', 'layer-count', 'layer-act')]; "
+            "cat = catalogue(); "
             "assert all(f.variants for f in cat.values()); "
             "bad = [m for m in ('torch', 'triton') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,311 @@
+"""Layer family: one whole MoE layer step (or L of them) around the count and activation kernels,
+to measure what a microbenchmark win is worth once the kernel has neighbours.
+
+The step, captured in one CUDA graph at capacity T tokens with the live count V in a device
+scalar: top-k routing -> token count (a `count` variant) -> expert offsets -> permute -> FC1
+grouped GEMM -> activation (an `act` variant) -> FC2 grouped GEMM -> unpermute/combine. The count
+and activation kernels are not this family's: a case names a variant of each family and its
+launch parameters (`count_variant`, `count_block_size`, `act_variant`, `act_grid_cap`, ...), and
+kernels.py builds them through those families' own resolve + builder. So every variant of those
+families, present or added later, runs inside the layer unchanged.
+
+`scope` picks what one launch is: `step` (the layer, or `layers` of them with distinct weights),
+or `count` / `act`: that kernel alone, on the very tensors the layer step produced (the layer's
+routing map, its FC1 output), timed the same way. An `ab` over the three scopes gives the
+isolated saving, the in-layer saving and the 48-layer saving of one change in one interleaved
+run; `ab_sections` turns them into the conversion table.
+
+Torch-free: the catalogue and the pages' sections, which read records only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from moebench.core.text import md_table, num
+from moebench.families import FamilySpec, Param
+from moebench.families.act import FAMILY as ACT
+from moebench.families.act import GATED_OPS, OPS
+from moebench.families.count import FAMILY as COUNT
+
+SCOPES = ("step", "count", "act")
+# Shape parameters the step shares with the count family (live tokens V, capacity T, K, E, L, S).
+_ROUTING = ("tokens", "buffer_tokens", "topk", "num_experts", "local_experts", "local_expert_start")
+# At most this many MoE layers in one launch: Qwen3-30B-A3B has 48 (configs/qwen3-30b-a3b.yaml),
+# and a 64-layer graph still fits an H200 (~20 GB of expert weights at these widths).
+MAX_LAYERS = 64
+# A graph replay of many layer steps should stay near this long: long enough that the graph's
+# own launch cost (a few µs) is a small share, short enough that 20 replays take well under 1 s.
+_REPLAY_BUDGET_US = 2000.0
+# What an estimate of one layer step assumes: expert weights streamed at ~4 TB/s (the H200's
+# measured DRAM copy ceiling, results/h200/device.json) plus ~30 µs of routing and glue kernels.
+_WEIGHT_BYTES_PER_US = 4.0e6
+_GLUE_US = 30.0
+
+
+def _delegated(fam: FamilySpec, prefix: str) -> list[Param]:
+    """The launch parameters of another family, renamed PREFIX + name: what a case passes to that
+    family's variant (defaults, limits and help as that family declares them)."""
+    out = []
+    for name in fam.launch_params:
+        p = fam.params[name]
+        out.append(Param(prefix + name, p.type, default=p.default, role="launch", choices=p.choices, pow2=p.pow2,
+                         min=p.min, max=p.max, help=f"{fam.name} family's {name}: {p.help}"))
+    return out
+
+
+def widths(params: dict) -> tuple[int, int]:
+    """(FC1 output width W, activation output width N): W = 2N for the gated ops."""
+    n = params["ffn"]
+    return (2 * n if params["op"] in GATED_OPS else n), n
+
+
+def capacity_rows(params: dict) -> int:
+    """Rows of the permuted buffer, fixed at capture: every live pair could be local, at most
+    min(K, L) of a token's, plus one alignment block per expert (megatron-core sizes it so)."""
+    return params["buffer_tokens"] * min(params["topk"], params["local_experts"]) + \
+        params["align"] * params["local_experts"]
+
+
+def expert_weight_bytes(params: dict) -> int:
+    """FC1 + FC2 bf16 weights of the local experts, one layer."""
+    w, n = widths(params)
+    return params["local_experts"] * params["hidden"] * (w + n) * 2
+
+
+def cost(params: dict) -> int:
+    """Elements a case builds and touches, for the sharding cost model: the expert weights of
+    every layer dominate."""
+    try:
+        return params.get("layers", 1) * expert_weight_bytes(params) // 2 + params["buffer_tokens"] * params["hidden"]
+    except (KeyError, TypeError):
+        return 0
+
+
+def layers_per_launch(params: dict) -> int:
+    """A step launch covers `layers` MoE layers; a kernel alone, one."""
+    return (params.get("layers") or 1) if params.get("scope", "step") == "step" else 1
+
+
+def graph_launches(params: dict, spec_value: int) -> int:
+    """Launches per graph: the spec's value for a kernel alone (scope count / act); for a step,
+    as many as fit _REPLAY_BUDGET_US at an estimated weight-streaming time per layer."""
+    if params.get("scope", "step") != "step":
+        return spec_value
+    try:
+        est = params.get("layers", 1) * (expert_weight_bytes(params) / _WEIGHT_BYTES_PER_US + _GLUE_US)
+    except (KeyError, TypeError):
+        return spec_value
+    return max(1, min(spec_value, int(_REPLAY_BUDGET_US // est)))
+
+
+FAMILY = FamilySpec(
+    name="layer",
+    doc="A whole bf16 MoE layer step (routing, count, offsets, permute, FC1, activation, FC2, combine) in one "
+        "CUDA graph, with a count and an act variant under test; or that kernel alone on the layer's tensors.",
+    params={
+        p.name: p
+        for p in (
+            # the routing shape, as the count family declares it: the step hands these to its count variant
+            *(COUNT.params[n] for n in _ROUTING),
+            Param("hidden", int, min=8, model_key="hidden", help="model width H"),
+            Param("ffn", int, min=8, model_key="moe_ffn", help="per-expert FFN width N"),
+            Param("op", str, default="silu_mul_bounded", choices=OPS,
+                  help="activation: silu_mul_bounded (Qwen3's SwiGLU), swiglu (the same, skipping "
+                       "alignment-padding rows), squared_relu (megatron-core 0.19.2's fused path)"),
+            Param("align", int, default=16, min=1, max=256,
+                  help="rows per expert are padded to a multiple of this (megatron-core's BF16 grouped GEMM: 16)"),
+            Param("layers", int, default=1, min=1, max=MAX_LAYERS,
+                  help="MoE layers in one launch, each with its own router and expert weights"),
+            Param("scope", str, default="step", choices=SCOPES,
+                  help="what one launch is: the layer step, or the count / act kernel alone on the "
+                       "layer's own tensors"),
+            Param("seed", int, default=0, min=0, help="input seed"),
+            Param("count_variant", str, default="persistent", role="launch", choices=tuple(COUNT.variants),
+                  help="the count family's variant that counts tokens inside the step"),
+            *_delegated(COUNT, "count_"),
+            Param("act_variant", str, default="capped", role="launch", choices=tuple(ACT.variants),
+                  help="the act family's variant that runs the activation inside the step"),
+            *_delegated(ACT, "act_"),
+        )
+    },
+    rules=(
+        ("tokens <= buffer_tokens", "live tokens must not exceed the capacity"),
+        ("topk <= num_experts", "topk must not exceed num_experts"),
+        ("local_expert_start + local_experts <= num_experts", "local experts must lie inside [0, num_experts)"),
+        ("hidden % 8 == 0 and ffn % 8 == 0",
+         "the grouped GEMM needs 16-byte row strides: hidden and ffn must be multiples of 8 (bf16)"),
+        ("scope == 'step' or layers == 1", "a kernel alone (scope count or act) runs on one layer's tensors"),
+    ),
+    default_pivot={"rows": "label", "cols": "tokens", "metric": "median_us"},
+    cost=cost,
+    sections=lambda records: markdown_sections(records),
+    ab_sections=lambda records: conversion_section(records),
+    layers_per_launch=layers_per_launch,
+    graph_launches=graph_launches,
+    package=__name__,
+)
+
+# The keys a case varies that are not the configuration under test: what tells shapes apart.
+_SHAPE = ("tokens", "buffer_tokens", "local_experts", "op", "hidden", "ffn", "topk")
+
+
+def _shape_text(params: dict, keys) -> str:
+    return ", ".join(f"{k}={params.get(k)}" for k in keys) or "all"
+
+
+def markdown_sections(records) -> str:
+    """A sweep's step times against its baseline, per shape, with the weight-streaming floor
+    and the 48-layer projection, and the upstream arm where it ran."""
+    timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
+    if not timed:
+        return ("## In the layer\n\nNo timings in this run (correctness only): nothing to say about what a kernel "
+                "change is worth in the step.")
+    from moebench.core.text import varying
+
+    keys = [k for k in varying([r.params for r in timed], list(timed[0].params))
+            if k in _SHAPE + ("layers", "scope")] or ["tokens", "buffer_tokens"]
+    shapes: dict[tuple, list] = {}
+    for r in timed:
+        shapes.setdefault(tuple(r.params.get(k) for k in keys), []).append(r)
+    out = ["## In the layer", "",
+           "Each row: one launch of the configuration at that shape (a layer step, `layers` steps, or a kernel "
+           "alone), µs per launch. Δ is against the spec's baseline launch at the same shape; per step = Δ × "
+           "moe_layers / layers per launch. Floor = the local experts' weights of every layer at the DRAM copy "
+           "ceiling (they do not fit in L2).", ""]
+    for key, rs in shapes.items():
+        best = min(rs, key=lambda r: r.timing["median_us"])
+        rows = []
+        for r in rs:
+            w = r.work
+            same = [q for q in rs if q.label == r.label]  # a label swept over an axis: name the value
+            extra = [k for k in varying([q.params for q in same], list(r.params)) if k not in keys]
+            name = r.label + "".join(f", {k.removeprefix('act_').removeprefix('count_')} {r.params[k]}" for k in extra)
+            mark = " **fastest**" if r is best and len(rs) > 1 else ""
+            rows.append([name + mark, f"{r.timing['median_us']:.2f}", num(w.get("delta_us"), "+.2f"),
+                         num(w.get("per_step_delta_us"), "+.1f"), num(w.get("floor_us")), num(w.get("x_floor")),
+                         _launch_text(r)])
+        out += [f"### {_shape_text(dict(zip(keys, key)), keys)}", "",
+                md_table(["configuration", "µs", "Δ vs baseline µs", "per step µs", "floor µs", "× floor", "launch"],
+                         rows), ""]
+    return "\n".join(out)
+
+
+def _launch_text(r) -> str:
+    g = r.launch
+    if r.variant != "step":
+        return r.variant
+    return (f"count {g.get('count_variant')} block {g.get('count_block_size')}; "
+            f"act {g.get('act_variant')}, {g.get('act_num_blocks', '?')} CTAs")
+
+
+@dataclass
+class Conversion:
+    """One shape of an `ab` over the scopes: the change's saving with the kernel alone, in one
+    layer step, and in a graph of `layers` steps (each an ABStats of moebench.analysis.ab)."""
+
+    label: str
+    shape: dict
+    kernel: str | None = None  # "count" | "act": the scope timed alone
+    isolated: Any = None
+    one: Any = None
+    layers: int | None = None
+    many: Any = None
+
+    @property
+    def conversion(self) -> float | None:
+        """In-layer Δ / isolated Δ: 1.0 when the whole saving survives in the step."""
+        return _ratio(self.one.delta if self.one else None, self.isolated.delta if self.isolated else None)
+
+    @property
+    def projection(self) -> float | None:
+        """The seeds' projection for the many-layer graph: layers x the isolated Δ."""
+        return self.layers * self.isolated.delta if self.layers and self.isolated else None
+
+    @property
+    def many_vs_projection(self) -> float | None:
+        return _ratio(self.many.delta if self.many else None, self.projection)
+
+    @property
+    def many_vs_one(self) -> float | None:
+        one = self.layers * self.one.delta if self.layers and self.one else None
+        return _ratio(self.many.delta if self.many else None, one)
+
+
+def conversions(records) -> list[Conversion]:
+    """The Conversions an `ab` run's records hold (records tagged with timing.ab_side and
+    ab_arm), one per (label, shape), in record order."""
+    from moebench.analysis.ab import Arm, ab_stats
+
+    arms: dict[tuple, dict] = {}
+    for r in records:
+        v = r.timing.get("median_us")
+        if r.status != "ok" or v is None or not r.timing.get("ab_side"):
+            continue
+        key = (r.label, tuple(r.params.get(k) for k in _SHAPE), r.params.get("scope", "step"),
+               r.params.get("layers") or 1)
+        slot = arms.setdefault(key, {})
+        arm = r.timing.get("ab_arm")
+        if arm not in slot:
+            slot[arm] = Arm(r.timing["ab_side"], [])
+        slot[arm].values.append(v)
+    out: dict[tuple, Conversion] = {}
+    for (label, shape, scope, layers), by_arm in arms.items():
+        try:
+            st = ab_stats([a for _, a in sorted(by_arm.items())])
+        except ValueError:  # only one side of this case completed
+            continue
+        c = out.setdefault((label, shape), Conversion(label, dict(zip(_SHAPE, shape))))
+        if scope != "step":
+            c.kernel, c.isolated = scope, st
+        elif layers == 1:
+            c.one = st
+        elif c.layers is None or layers > c.layers:
+            c.layers, c.many = layers, st
+    return list(out.values())
+
+
+def conversion_section(records) -> str:
+    """What an `ab` run over the scopes says: per shape, the kernel's isolated saving, the saving
+    in a one-layer step, their ratio (the conversion), and the saving of a many-layer graph
+    against that many times the isolated saving."""
+    from moebench.analysis.ab import separation_cell
+
+    rows_in = conversions(records)
+    if not rows_in:
+        return ""
+    keys = [k for k in _SHAPE if len({repr(c.shape.get(k)) for c in rows_in}) > 1] or ["tokens", "buffer_tokens"]
+    labels = len({c.label for c in rows_in}) > 1
+    rows, notes = [], []
+    for c in rows_in:
+        text = ", ".join(([c.label] if labels else []) + [f"{k}={c.shape.get(k)}" for k in keys]) or "all"
+        st = c.isolated
+        row = [text, f"{c.kernel}: {st.delta:+.3f} ({separation_cell(st)})" if st else "—"]
+        row += ([f"{c.one.off_mean:.2f} → {c.one.on_mean:.2f}", f"{c.one.delta:+.3f} ({separation_cell(c.one)})"]
+                if c.one else ["—", "—"])
+        row.append(num(c.conversion))
+        row += [num(c.projection, "+.1f"), f"{c.layers}: {c.many.delta:+.1f} ({separation_cell(c.many)})" if c.many
+                else "—", num(c.many_vs_projection), num(c.many_vs_one)]
+        rows.append(row)
+        for what, s in (("isolated", st), ("in-layer", c.one), ("many-layer", c.many)):
+            if s is not None and s.separation == "overlap":
+                notes.append(f"{text}: the {what} arms overlap; a ratio with that Δ in it is not separated from "
+                             "noise.")
+    out = ["### What the saving is worth in the layer", "",
+           "Isolated = the kernel alone on the layer's own tensors (same shapes, same data, same graph timer); "
+           "in-layer = one whole layer step; conversion = in-layer Δ / isolated Δ (1.00: the whole saving "
+           "survives in the step). The N-layer graph's Δ is read against N × the isolated Δ (the seeds' "
+           "projection) and N × the one-layer Δ. µs per launch, mean over the A/B iterations, ON − OFF; "
+           "separation as in the A/B table.", "",
+           md_table(["case", "isolated Δ µs", "1-layer step OFF → ON µs", "in-layer Δ µs", "conversion",
+                     "N × isolated Δ µs", "N-layer graph Δ µs", "vs N × isolated", "vs N × 1-layer"], rows)]
+    if notes:
+        out += [""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
