@@ -320,8 +320,11 @@ def use_sources(plugin_files, megatron_lm, interpret: bool | None = None) -> Non
     if interpret is not None:
         from moebench.core import interpret as interpreter
 
-        if interpreter_wanted(interpret):
-            interpreter.enable()
+        try:
+            if interpreter_wanted(interpret):
+                interpreter.enable()
+        except BackendError:  # no torch here: only a host-only family can run, and it needs no backend
+            pass
     if megatron_lm is not None:
         if not megatron_lm.is_dir():
             raise UsageError(f"--megatron-lm: {megatron_lm}: not a directory; give a Megatron-LM checkout (the "
