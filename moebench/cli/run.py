@@ -31,15 +31,18 @@ class Plan:
     verify: bool
 
 
-def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | None, shard: str | None) -> Plan:
+def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | None, shard: str | None,
+         timing: str | None = None) -> Plan:
     from moebench.core.cases import expand, varying_params
-    from moebench.core.spec import load_spec
+    from moebench.core.spec import apply_timing_overrides, load_spec
 
     spec = load_spec(spec_name)
     if l2 is not None:
         if l2 not in ("warm", "cold"):
             raise UsageError(f"--l2: expected warm or cold, got {l2!r}")
         spec.timing.l2 = l2
+    if timing:
+        apply_timing_overrides(spec.timing, timing)
     cases = expand(spec, quick=quick, verify=verify, force=force)
     vary = varying_params(cases)
     shard_of = None
@@ -72,8 +75,11 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     from moebench.core.session import Finished, Options, Profiling, Retimed, Started, Summary, run_sweep
 
     spec = p.spec
+    from moebench.core.session import check_cross_checks
+
     fmts = parse_formats(formats)
     cross = parse_cross(cross_check)
+    check_cross_checks(cross)
     host_only = spec.family.host_only
     if host_only:
         device = detect(True)
@@ -127,7 +133,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                     writer.add(ev.record)
                     bar.advance()
                 elif isinstance(ev, Profiling):
-                    bar.describe(f"{spec.name}: profiler pass (CUPTI kernel times)")
+                    bar.describe(f"{spec.name}: {ev.what}")
                 elif isinstance(ev, Summary):
                     summary = ev
         except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
@@ -136,6 +142,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     prov["sweep_wall_s"] = summary.wall_s  # cases incl. compile + verify
     prov["compile_s_total"] = summary.compile_s
     prov["jit_specializations"] = summary.jit_specializations
+    prov["wall_phases_s"] = summary.phases  # where the cases' time went (scripts/wall_profile.py)
     md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
     paths = writer.finalize(records, complete=summary.complete, markdown=md)
     if not summary.complete:
@@ -171,15 +178,18 @@ def sweep(
     force: bool = typer.Option(False, "--force", help="Allow more cases than the spec's max_cases."),
     resume: bool = typer.Option(False, "--resume", help="Skip cases already in OUT for the same spec."),
     cross_check: Optional[str] = typer.Option(None, "--cross-check",
-                                              help="Also time with: dobench (triton do_bench_cudagraph), profiler "
-                                                   "(CUPTI kernel time)."),
+                                              help="Also time with: dobench (triton do_bench_cudagraph), nvbench "
+                                                   "(NVIDIA nvbench on the same graphs; pip install "
+                                                   "'moebench[nvbench]'), profiler (CUPTI kernel time)."),
     l2: Optional[str] = typer.Option(None, "--l2", help="warm (default) or cold (rotate input sets past L2)."),
     shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run shard I of N (0-based); default from "
                                         "SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set."),
     devices: Optional[str] = typer.Option(None, "--devices", help="all or 0,1,...: one worker process per GPU."),
+    timing: Optional[str] = typer.Option(None, "--timing", help="Override timer settings of the spec, e.g. "
+                                         "groups=4,placement_memory=private (the keys of a spec's timing: block)."),
 ):
     """Run a sweep: verify every case, time it under CUDA-graph replay, write tables."""
-    p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard)
+    p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard, timing=timing)
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)
