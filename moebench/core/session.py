@@ -403,10 +403,24 @@ class Session:
         self._occupancy(rec.work)
         if not self.opts.time_it:
             return
+        with self._phase("placement copies"):
+            copies = self._placement_copies(case, sets)
+        rotation = sets + [c for c, _ in copies]
         with self._phase("build closures"):
-            builts = [built] + [builder(s, params, self.device) for s in sets[1:]]
+            builts = [built] + [builder(s, params, self.device) for s in rotation[1:]]
         with self._phase("timing"):
-            self._time(case, rec, builts, lambda inp_: builder(inp_, params, self.device), sets)
+            self._time(case, rec, builts, lambda inp_: builder(inp_, params, self.device), rotation, copies)
+
+    def _placement_copies(self, case: Case, sets: list) -> list:
+        """timing.placement_copies - 1 copies of every warm set in fresh memory, (copy, pool) each,
+        as many as keep the whole rotation inside half the L2 (the warm budget)."""
+        t = self.opts.timing
+        if t.placement_copies <= 1 or t.l2 != "warm" or not self.device.l2_bytes:
+            return []
+        touched = getattr(self.impl, "touched_bytes", self.impl.input_bytes)
+        fit = (self.device.l2_bytes // 2) // max(1, touched(case.params))
+        per_set = max(1, min(t.placement_copies, fit // max(1, len(sets))))
+        return [self._copy_set(s) for s in sets for _ in range(per_set - 1)]
 
     def _occupancy(self, w: dict) -> None:
         d = self.device
@@ -417,16 +431,18 @@ class Session:
             per_wave = d.sm_count * max(1, d.max_threads_per_sm // w["threads_per_cta"])
             w["waves"] = round(w["ctas"] / per_wave, 2)
 
-    def _time(self, case: Case, rec: Record, builts: list, rebuild=None, sets: list | None = None) -> None:
+    def _time(self, case: Case, rec: Record, builts: list, rebuild=None, sets: list | None = None,
+              held: list | None = None) -> None:
         """Time a case: one graph over the rotation of `builts` (timing.groups 1), or one graph per
-        placement group, group g > 0 over fresh copies of `sets` with closures from `rebuild`."""
+        placement group, group g > 0 over fresh copies of `sets` (the inputs of `builts`) with
+        closures from `rebuild`. `held`: copies group 0 reads, kept alive with its graph."""
         from moebench.core.timing import time_groups
 
         t = self.opts.timing
         g_min = max(1, t.groups)
         g_max = max(g_min, t.max_groups or g_min)
         keep = "nvbench" in self.opts.cross
-        copies: list = []  # the copies (and pools) groups > 0 read: alive while their graphs are
+        copies: list = list(held or [])  # the copies (and pools) the graphs read: alive while they are
 
         def make_group(g: int) -> list:
             if g == 0:
@@ -460,8 +476,8 @@ class Session:
         estimate, rel_noise = s.median_us, s.rel_noise
         n_groups = len(samples.groups)
         l2_note = f"{t.l2} ({len(builts)} set{'s' if len(builts) > 1 else ''})"
-        if n_groups > 1 or t.placement_memory != "caching":
-            l2_note = (f"{t.l2} ({len(builts)} set{'s' if len(builts) > 1 else ''}"
+        if n_groups > 1 or t.placement_memory != "caching" or held:
+            l2_note = (f"{t.l2} ({len(builts)} placement{'s' if len(builts) > 1 else ''}"
                        + (f" x {n_groups} groups" if n_groups > 1 else "") + f", {t.placement_memory} memory)")
         rec.timing.update({"timer": "graph-replay", "l2": l2_note})
         if n_groups > 1:

@@ -64,6 +64,7 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "clock_drop": (float, 0.0, 1.0),
     "placements": (int, 1, 64),
     "clock_retries": (int, 0, 5),
+    "placement_copies": (int, 1, 64),
     "groups": (int, 1, 64),
     "max_groups": (int, 0, 256),
     "placement_memory": (str, None, None),
@@ -91,6 +92,9 @@ class Timing:
     clock_drop: float = 0.9  # flag a case whose SM clock ended below this fraction of max
     placements: int = 8  # warm L2: independently allocated input/output sets rotated per graph
     clock_retries: int = 0  # re-time a case whose clock fell below clock_drop, after a 1 s pause
+    # warm L2: each set also sits at this many - 1 further placements (copies of the same data in
+    # fresh memory), all rotated in the graph, as far as the warm L2 budget allows
+    placement_copies: int = 1
     # Placement groups (issue 16): `groups` graphs, each over its own freshly allocated copies of
     # the input sets, replays interleaved; the estimate is the mean of the group medians and its
     # stated half-width the t-interval over them, so placement luck shows in the uncertainty.

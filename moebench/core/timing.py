@@ -250,7 +250,8 @@ def nvbench_graphs(items: Sequence[NvbenchItem], device_index: int = 0, log_dir:
     """Run nvbench once over every graph; per item, its per-launch times in µs and its noise:
     {cold_us, batch_us, cold_noise_pct, cold_samples, batch_samples} (missing where nvbench skipped
     a measurement). nvbench's console output goes to `log_dir/nvbench.log` (library code never
-    prints); its JSON results to `log_dir/nvbench.json`."""
+    prints); its JSON results to `log_dir/nvbench.json` (default: $MOEBENCH_NVBENCH_DIR, else a
+    temporary folder)."""
     global _NVBENCH_RAN
     problem = nvbench_unavailable()
     if problem:
@@ -258,7 +259,7 @@ def nvbench_graphs(items: Sequence[NvbenchItem], device_index: int = 0, log_dir:
     import cuda.bench as bench
 
     torch = _torch()
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="moebench-nvbench-"))
+    log_dir = Path(log_dir or os.environ.get("MOEBENCH_NVBENCH_DIR") or tempfile.mkdtemp(prefix="moebench-nvbench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     json_path, log_path = log_dir / "nvbench.json", log_dir / "nvbench.log"
 

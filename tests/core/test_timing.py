@@ -261,3 +261,21 @@ def test_the_interpreter_skips_overflow_checks_it_would_discard():
     opts = interpreter.interpreter_builder.options
     assert opts.sanitize_overflow is False and opts.debug is False
     assert interpreter_without_discarded_checks() is False  # already off: nothing to change
+
+
+def test_placement_copies_fill_the_warm_budget_with_the_same_data():
+    import torch
+
+    spec, run = _session(placement_copies=8)
+    case = expand(spec, quick=True)[-1]
+    sets = run.inputs(case)
+    touched = run.impl.touched_bytes(case.params)
+    run.device = SimpleNamespace(l2_bytes=2 * touched * 20, sm_count=132, max_threads_per_sm=2048)  # room for 20
+    copies = run._placement_copies(case, sets)
+    per_set = min(8, 20 // len(sets))
+    assert len(copies) == len(sets) * (per_set - 1)
+    c, pool = copies[0]
+    assert pool is None and torch.equal(c.routing_map, sets[0].routing_map)
+    assert c.routing_map.data_ptr() != sets[0].routing_map.data_ptr()
+    run.opts.timing.l2 = "cold"
+    assert run._placement_copies(case, sets) == []
