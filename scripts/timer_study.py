@@ -245,10 +245,10 @@ def methods(out: Path, runs: int, ceilings: Path, deadline: float | None, chosen
 
 
 def methods_child(out: Path, r: int, ceilings: Path, chosen: dict[str, str]) -> None:
-    """One back-to-back run: every method, both sweeps, through the CLI's own plan and execute (so
-    the results are what `moebench sweep NAME --timing ...` writes). The method order rotates
-    with the run, so no method always goes first."""
-    from moebench.cli.run import execute, plan
+    """One back-to-back run: every method, both sweeps, through the CLI itself, in this process (so
+    the results are what `moebench sweep NAME --timing ...` writes, and the process starts once).
+    The method order rotates with the run, so no method always goes first."""
+    from moebench import cli
     from moebench.core.device import detect
 
     slug = detect(False).slug
@@ -260,8 +260,12 @@ def methods_child(out: Path, r: int, ceilings: Path, chosen: dict[str, str]) -> 
         if ceilings.exists():
             shutil.copy(ceilings, root / slug / "device.json")
         for sweep in SWEEPS:
-            p = plan(sweep, quick=False, verify=False, force=False, l2=None, shard=None, timing=chosen[name] or None)
-            execute(p, out_dir=root, interpret=False, formats="json", resume=False, cross_check=None, time_it=True)
+            sys.argv = ["moebench", "sweep", sweep, "--out", str(root), "--format", "json"]
+            sys.argv += ["--timing", chosen[name]] if chosen[name] else []
+            try:
+                cli.main()
+            except SystemExit as e:
+                print(f"{name} {sweep}: exit {e.code}", flush=True)
 
 
 def analyse_methods(out: Path, chosen: dict[str, str], runs: int, durations: list[float]) -> dict:

@@ -71,10 +71,13 @@ def child(out_json: Path, argv: list[str]) -> None:
         return wrapper
 
     for label, module, attr in STAGES:
-        mod = importlib.import_module(module)
-        owner, _, name = attr.rpartition(".")
-        target = getattr(mod, owner) if owner else mod
-        setattr(target, name, timed(label, getattr(target, name)))
+        try:  # a stage moebench no longer has is simply not timed apart
+            mod = importlib.import_module(module)
+            owner, _, name = attr.rpartition(".")
+            target = getattr(mod, owner) if owner else mod
+            setattr(target, name, timed(label, getattr(target, name)))
+        except (ImportError, AttributeError):
+            pass
     from moebench import cli
 
     code = 0

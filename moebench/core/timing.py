@@ -178,8 +178,9 @@ def dobench_cudagraph_us(fn: Launch, rep_ms: int = 200) -> float:
 
 
 def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: int = 20) -> float | None:
-    """Mean kernel duration as the PyTorch profiler (CUPTI) records it over graph replays: pure
-    kernel time, without the gap between graph nodes that replay timing includes."""
+    """Kernel time per launch as the PyTorch profiler (CUPTI) records it over graph replays: pure
+    kernel time, without the gap between graph nodes that replay timing includes. A launch of
+    several kernels (a whole layer step) counts the sum of its kernels."""
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
 
@@ -194,7 +195,7 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
             for _ in range(replays):
                 graph.replay()
             torch.cuda.synchronize()
-    total, count = 0.0, 0
+    total = 0.0
     for evt in prof.key_averages():
         name = evt.key.lower()
         if "memcpy" in name or "memset" in name or "cudagraph" in name:
@@ -204,9 +205,8 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
             t = getattr(evt, "self_cuda_time_total", 0.0)
         if t and evt.count:
             total += t
-            count += evt.count
     del graph
-    return total / count if count else None
+    return total / (replays * launches_per_graph) if total else None
 
 
 # nvbench (cuda-bench, `import cuda.bench`) times each graph with its own measurements: "cold" (the
@@ -294,9 +294,11 @@ def _nvbench_results(doc: dict, items: Sequence[NvbenchItem]) -> list[dict]:
     for bench_doc in doc.get("benchmarks", []):
         for st in bench_doc.get("states", []):
             idx = None
-            for ax in st.get("axis_values", []):
+            for ax in st.get("axis_values") or []:
                 if ax.get("name") == "graph":
-                    idx = int(ax.get("value"))
+                    idx = int(ax.get("value", ax.get("input_string")))
+            if idx is None and "graph=" in str(st.get("name", "")):  # "Device=0 graph=3"
+                idx = int(str(st["name"]).split("graph=")[1].split()[0])
             if idx is None or not 0 <= idx < len(items) or st.get("is_skipped"):
                 continue
             vals = {}
