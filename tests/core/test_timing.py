@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from clirun import run_cli
+from test_session import _runner as _session  # a count-block session under the interpreter
 from moebench.core import session as S
 from moebench.core import timing as T
 from moebench.core.cases import expand
@@ -113,13 +114,6 @@ def test_t_quantiles_and_the_between_group_interval():
     meds = [1.9, 2.0, 2.0, 2.1]
     sd = (0.02 / 3) ** 0.5
     assert between_groups_rel(meds) == pytest.approx(3.1824 * sd / 2 / 2.0, rel=1e-4)
-
-
-def _session(**timing):
-    spec = load_spec("count-block")
-    for k, v in timing.items():
-        setattr(spec.timing, k, v)
-    return spec, S.Session(spec, detect(True), S.Options(timing=spec.timing))
 
 
 def test_the_session_reports_the_mean_of_group_medians_with_their_interval(monkeypatch):
