@@ -21,6 +21,6 @@ def run(spec_name: str, *, l2: str = "warm", cross: tuple[str, ...] = (), where=
     for ev in run_sweep(spec, cases, Options(timing=spec.timing, time_it=True, cross=cross), dev):
         if isinstance(ev, Summary):
             records = ev.records
-        elif isinstance(ev, Finished):
-            assert ev.record.status == "ok", f"{ev.record.case_id}: {ev.record.status} {ev.record.error}"
-    return records
+        elif isinstance(ev, Finished):  # an upstream kernel not installed here is no failure
+            assert ev.record.status in ("ok", "unavailable"), f"{ev.record.case_id}: {ev.record.status} {ev.record.error}"
+    return [r for r in records if r.status == "ok"]
