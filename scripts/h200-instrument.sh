@@ -11,9 +11,9 @@
 #   2 the GPU suite (scripts/gpu-tests.sh)
 #   3 run A: sweep count-block and act-grid with --cross-check dobench,nvbench,profiler
 #     (nvbench only where `import cuda.bench` works; the reason is in env.txt otherwise)
-#   4 the wall-time profile of sweep and verify (scripts/wall_profile.py)
-#   5 the run-to-run cause study (scripts/timer_study.py cause)
-#   6 back-to-back runs per timing method (scripts/timer_study.py methods: 5 runs, or what fits)
+#   4 the run-to-run cause study (scripts/timer_study.py cause)
+#   5 back-to-back runs per timing method (scripts/timer_study.py methods: 5 runs, or what fits)
+#   6 the wall-time profile of sweep and verify (scripts/wall_profile.py), in what is left
 #
 # nvbench comes as a wheel (the device has no registry). Here, once, in the repository root:
 #   echo /.whl/ >> .git/info/exclude
@@ -25,18 +25,24 @@
 set -uo pipefail
 OUT=${1:-${OUT:-instrument-out}}
 W=/tmp/moebench-instrument
-BUDGET=${BUDGET:-500}   # seconds this script may run (the device allows 600 per command)
+BUDGET=${BUDGET:-530}   # seconds this script may run (600 per device command, less the wheel install)
 rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export MOEBENCH_GIT_COMMIT=${MOEBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 SUMMARY=$W/summary.txt
 say() { echo "[$(printf '%4d' $SECONDS) s] $*" | tee -a "$SUMMARY"; }
+bundle() {  # what has been made so far, under OUT (re-made after every step: a cut run keeps it)
+  cp "$SUMMARY" "$OUT/" 2>/dev/null
+  cp "$W/gpu-tests.txt" "$W/TIMER.md" "$W/study/study.md" "$W/wall/wall_profile.md" "$OUT/" 2>/dev/null
+  tar czf "$OUT/instrument.tgz" -C "$W" --exclude='*.partial.jsonl' . 2>/dev/null
+}
 step() {  # step SECONDS LOGNAME COMMAND...: run with a time limit, log to W/LOGNAME.log
   local limit=$1 name=$2; shift 2
   local t0=$SECONDS
   timeout --kill-after=10 "$limit" "$@" >"$W/$name.log" 2>&1
   local rc=$?
   say "$name: exit $rc in $((SECONDS - t0)) s"
+  bundle
   return $rc
 }
 left() { echo $((BUDGET - SECONDS)); }
@@ -73,20 +79,21 @@ MOEBENCH_NVBENCH_DIR=$W/nvbench-count-block step 150 runA-count-block \
 MOEBENCH_NVBENCH_DIR=$W/nvbench-act-grid step 180 runA-act-grid \
   python3 -m moebench sweep act-grid --out "$W/A" --cross-check "$CROSS"
 
-# 4 where each command's time goes (Triton's cache is warm from the steps above; verify act-grid
-# twice: its first run compiles the swiglu and squared_relu kernels at N = 768)
-step 240 wall python3 scripts/wall_profile.py "$W/wall" "sweep count-block" "sweep act-grid" \
-  "verify count-block" "verify act-grid" "verify act-grid" ${CEIL:+--ceilings "$CEIL"}
-grep -E "^\| \`" "$W/wall/wall_profile.md" 2>/dev/null | head -8 | tee -a "$SUMMARY"
-
-# 5 the cause of the run-to-run outlier
+# 4 the cause of the run-to-run outlier
 step 150 study-cause python3 scripts/timer_study.py cause "$W/study" --processes 4
 
-# 6 back-to-back runs per timing method, as many as fit (at least two)
-DEADLINE=$(( $(left) - 25 ))
-step $(( DEADLINE + 60 )) study-methods python3 scripts/timer_study.py methods "$W/study" --runs 5 \
-  --ceilings "${CEIL:-/nonexistent}" --deadline "$DEADLINE"
+# 5 back-to-back runs per timing method, as many as fit before the wall profile's reserve
+WALL_RESERVE=80
+DEADLINE=$(( $(left) - WALL_RESERVE - 20 ))
+step $(( DEADLINE > 60 ? DEADLINE + 60 : 120 )) study-methods python3 scripts/timer_study.py methods "$W/study" \
+  --runs 5 --ceilings "${CEIL:-/nonexistent}" --deadline "$DEADLINE"
 python3 scripts/timer_study.py report "$W/study" >/dev/null 2>&1
+
+# 6 where each command's time goes (Triton's cache is warm from the steps above; verify act-grid
+# twice: its first run compiles the swiglu and squared_relu kernels at N = 768)
+step $(( $(left) > 45 ? $(left) : 45 )) wall python3 scripts/wall_profile.py "$W/wall" "sweep count-block" \
+  "sweep act-grid" "verify count-block" "verify act-grid" "verify act-grid" ${CEIL:+--ceilings "$CEIL"}
+grep -E "^\| \`" "$W/wall/wall_profile.md" 2>/dev/null | head -8 | tee -a "$SUMMARY"
 
 # the TIMER.md draft: run A with the current method's back-to-back runs, then every other method
 python3 - "$W" "$SLUG" >"$W/timer-report.log" 2>&1 <<'PY'
@@ -117,8 +124,6 @@ PY
 say "TIMER.md draft: exit $?"
 
 grep -E "^\*\*|^- moebench vs|^- spread" "$W/TIMER.md" 2>/dev/null | head -20 | tee -a "$SUMMARY"
-cp "$W/gpu-tests.txt" "$W/TIMER.md" "$SUMMARY" "$OUT/" 2>/dev/null
-cp "$W/study/study.md" "$W/wall/wall_profile.md" "$OUT/" 2>/dev/null
-tar czf "$OUT/instrument.tgz" -C "$W" --exclude='*.partial.jsonl' . 2>/dev/null
-ls -la "$OUT"
 say "done"
+bundle
+ls -la "$OUT"

@@ -182,7 +182,11 @@ def main(argv: list[str] | None = None) -> None:
             rec["repeat"] = i + 1
             recs.append(rec)
             print(f"{rec['total_s']:7.2f} s  {rec['command']} (exit {rec.get('exit', rec['returncode'])})", flush=True)
-    (a.out / "wall_profile.json").write_text(json.dumps(recs, indent=1))
+            write(a.out, recs)  # after every command: a run stopped early keeps what finished
+
+
+def write(out: Path, recs: list[dict]) -> None:
+    (out / "wall_profile.json").write_text(json.dumps(recs, indent=1))
     lines = ["## Where each command's time goes", "",
              "`scripts/wall_profile.py`: each command in a fresh process, whole command with Python start. Rows "
              "add up to the whole command; the cases' phases come from the session (provenance.wall_phases_s).", ""]
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     lines += summary + [""]
     for rec in recs:
         lines += table(rec)
-    (a.out / "wall_profile.md").write_text("\n".join(lines))
+    (out / "wall_profile.md").write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -111,7 +111,8 @@ def sweep_section(name: str, paths: Sequence[Path]) -> list[str]:
         f"- spread across the {len(paths)} runs, (max − min) / min per case: median {median(spreads):.2f}%, "
         f"max {max(spreads):.2f}%; {st['over']} of {len(rows)} cases over {SPREAD_TARGET_PCT:g}%",
         f"- stated 95% half-width (rel_noise): median {median(noise):.3f}%, max {max(noise):.3f}%; "
-        f"pairs of runs within their combined interval: {cover} of {n_pairs} ({100 * cover / n_pairs:.0f}%)",
+        f"pairs of runs within their combined interval: {cover} of {n_pairs}"
+        + (f" ({100 * cover / n_pairs:.0f}%)" if n_pairs else ""),
         f"- timing settings: {', '.join(methods)}; wall time per sweep (cases incl. JIT compile and "
         f"verification): {walls} s",
         "",
