@@ -234,6 +234,13 @@ def test_untimed_runs_give_the_same_records_with_inputs_built_ahead(monkeypatch)
         out[workers] = {r.case_id: (r.status, r.checks) for r in recs}
     assert out["0"] == out["2"] and len(out["0"]) == len(cases)
     assert all(s == "ok" for s, _ in out["0"].values())
+    # every shape built up front (what a timed run does before its first case): the same records
+    sess = S.Session(spec, detect(True), S.Options(timing=spec.timing, time_it=False))
+    ahead = S._Ahead(sess, cases)
+    ahead.build_all()
+    assert len(sess._ahead) == len(cases) and all(f.done() for f in sess._ahead.values())
+    assert {c.id: (r.status, r.checks) for c in cases for r in [sess.run_case(c)]} == out["0"]
+    ahead.close()
 
 
 def test_shape_major_keeps_first_appearance_order():
