@@ -23,4 +23,4 @@ mb verify count-block --out "$OUT/A"
 mb verify act-grid --out "$OUT/A"
 python3 -m moebench.analysis.timer_report "$OUT/A" "$OUT/B" --sweeps count-block,act-grid -o "$OUT/A/h200/TIMER.md" \
   --header "Produced by scripts/h200.sh: run A = sweeps with --cross-check dobench,profiler; run B = the same sweeps again, back to back, in a new process."
-python3 scripts/timer_study.py "$OUT/A/h200"
+python3 scripts/timer_study.py cause "$OUT/study"  # back-to-back methods: scripts/h200-instrument.sh

@@ -33,15 +33,18 @@ class Plan:
     verify: bool
 
 
-def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | None, shard: str | None) -> Plan:
+def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | None, shard: str | None,
+         timing: str | None = None) -> Plan:
     from moebench.core.cases import expand, varying_params
-    from moebench.core.spec import load_spec
+    from moebench.core.spec import apply_timing_overrides, load_spec
 
     spec = load_spec(spec_name)
     if l2 is not None:
         if l2 not in ("warm", "cold"):
             raise UsageError(f"--l2: expected warm or cold, got {l2!r}")
         spec.timing.l2 = l2
+    if timing:
+        apply_timing_overrides(spec.timing, timing)
     cases = expand(spec, quick=quick, verify=verify, force=force)
     vary = varying_params(cases)
     shard_of = None
@@ -84,10 +87,13 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                                        run_sweep)
 
     spec = p.spec
+    from moebench.core.session import check_cross_checks
+
     fmts = parse_formats(formats)
     cross = parse_cross(cross_check)
     if not case_limit >= 0:
         raise UsageError(f"--case-limit: expected seconds >= 0 (0: no limit), got {case_limit:g}")
+    check_cross_checks(cross)
     host_only = spec.family.host_only
     if host_only:
         device = host_device()
@@ -165,7 +171,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                         writer.add(ev.record)
                         bar.advance()
                     elif isinstance(ev, Profiling):
-                        bar.describe(f"{spec.name}: profiler pass (CUPTI kernel times)")
+                        bar.describe(f"{spec.name}: {ev.what}")
                     elif isinstance(ev, Summary):
                         summary = ev
             except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
@@ -178,6 +184,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         prov["sweep_wall_s"] = summary.wall_s  # cases incl. compile + verify
         prov["compile_s_total"] = summary.compile_s
         prov["jit_specializations"] = summary.jit_specializations
+        prov["wall_phases_s"] = summary.phases  # where the cases' time went (scripts/wall_profile.py)
         prov["complete"] = summary.complete
         md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
         written = writer.finalize(records, complete=summary.complete, markdown=md)
@@ -239,19 +246,22 @@ def sweep(
     force: bool = FORCE_OPT,
     resume: bool = RESUME_OPT,
     cross_check: Optional[str] = typer.Option(None, "--cross-check",
-                                              help="Also time with: dobench (triton do_bench_cudagraph), profiler "
-                                                   "(CUPTI kernel time)."),
+                                              help="Also time with: dobench (triton do_bench_cudagraph), nvbench "
+                                                   "(NVIDIA nvbench on the same graphs; pip install "
+                                                   "'moebench[nvbench]'), profiler (CUPTI kernel time)."),
     l2: Optional[str] = typer.Option(None, "--l2", help="warm (default) or cold (rotate input sets past L2)."),
     shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run shard I of N (0-based); default from "
                                         "SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set."),
     devices: Optional[str] = typer.Option(None, "--devices", help="all or 0,1,...: one worker process per GPU."),
     case_limit: float = CASE_LIMIT_OPT,
+    timing: Optional[str] = typer.Option(None, "--timing", help="Override timer settings of the spec, e.g. "
+                                         "groups=4,placement_memory=private (the keys of a spec's timing: block)."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Run a sweep: verify every case, time it under CUDA-graph replay, write tables."""
     use_sources(plugin, megatron_lm, interpret=interpret if not dry_run else None)
-    p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard)
+    p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard, timing=timing)
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)

@@ -114,6 +114,54 @@ def nvml_driver() -> str | None:
         return None
 
 
+def interpreter_without_discarded_checks() -> bool:
+    """Stop Triton's interpreter from computing overflow checks it then throws away.
+
+    With `sanitize_overflow` on (the interpreter's default), every integer add, sub and mul is
+    redone in int64 and compared against the int32 range, and the result goes to `device_assert`,
+    which returns at once unless `debug` is set (triton/language/semantic.py, 3.6 to 3.9): no check
+    ever fires, and the dead work is about 60% of a launch of the count kernels on the CPU. With
+    `debug` off, turning it off changes no result and no check; with `debug` on it stays on.
+    Returns True when it changed the interpreter's options."""
+    import dataclasses
+
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "interpreter_builder", None)
+    opts = getattr(builder, "options", None)
+    if opts is None or getattr(opts, "debug", True) or not getattr(opts, "sanitize_overflow", False):
+        return False
+    try:
+        builder.options = dataclasses.replace(opts, sanitize_overflow=False)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return True
+
+
+# Vendor datasheet DRAM bandwidth (bytes read + written per second) by device name, to read a
+# measured copy ceiling against. A lead, not a measurement: the GPU tests check that the measured
+# ceiling lands within 70-100% of it.
+DATASHEET_DRAM_GBPS = {
+    "H200": 4800.0,
+    "H100 SXM": 3350.0,
+    "H100 80GB HBM3": 3350.0,
+    "H100 PCIe": 2000.0,
+    "H100 NVL": 3900.0,
+    "GH200": 4000.0,
+    "B200": 8000.0,
+    "A100-SXM4-80GB": 2039.0,
+    "A100-SXM4-40GB": 1555.0,
+}
+
+
+def datasheet_dram_gbps(name: str) -> float | None:
+    """The datasheet bandwidth of a device by its name (longest matching key), or None."""
+    hits = [k for k in DATASHEET_DRAM_GBPS if k.lower() in name.lower()]
+    return DATASHEET_DRAM_GBPS[max(hits, key=len)] if hits else None
+
+
 # The interpreter's stand-in machine: kernels are checked as if on a 132-SM GPU (an H200), so
 # persistent grids have the same shape they will have there.
 INTERPRET_SMS = 132

@@ -21,8 +21,10 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 import time
 import traceback
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
@@ -31,11 +33,41 @@ from moebench.core.cases import Case, baseline_case, shape_key
 from moebench.core.device import DeviceInfo, nvml_clocks
 from moebench.core.records import Record
 from moebench.core.spec import Spec, Timing
-from moebench.core.stats import noise_below, summarize
-from moebench.errors import Unavailable
+from moebench.core.stats import between_groups_rel, mean, median, noise_below, summarize
+from moebench.errors import BackendError, Unavailable
 from moebench.families import Check
 
-CROSS_CHECKS = ("dobench", "profiler")
+CROSS_CHECKS = ("dobench", "nvbench", "profiler")
+
+
+def cross_check_problem(cross: tuple[str, ...]) -> str | None:
+    """One line saying why a requested cross-check cannot run here, or None."""
+    if "nvbench" in cross:
+        from moebench.core.timing import nvbench_unavailable
+
+        why = nvbench_unavailable()
+        if why:
+            return (f"--cross-check nvbench: cuda.bench is not importable here ({why}); install it with "
+                    "pip install 'moebench[nvbench]' (the cuda-bench wheel, and a cuda-bindings of your CUDA major)")
+    return None
+
+
+def check_cross_checks(cross: tuple[str, ...]) -> None:
+    problem = cross_check_problem(cross)
+    if problem:
+        raise BackendError(problem)
+
+
+# Background input building (untimed runs only: `verify`, interpreter runs). Workers: half the
+# cores, at most 8 (torch's own CPU kernels already use several threads each); $MOEBENCH_PREFETCH
+# sets the number, 0 turns it off. Each worker keeps two shapes in flight.
+PREFETCH_MAX_WORKERS = 8
+PREFETCH_DEPTH_PER_WORKER = 2
+# A timed run builds every shape's input sets before its first case, in parallel, when they fit
+# together in this much memory (4 GiB, and a quarter of what is free): count-block's take 16 MiB,
+# act-grid's about 1 GiB. Otherwise each shape is built when its first case comes, as before.
+PREBUILD_MAX_BYTES = 4 << 30
+PREBUILD_FREE_SHARE = 0.25
 
 
 @dataclass
@@ -143,12 +175,21 @@ class Session:
         self.torch_device = "cuda" if device.backend == "cuda" else "cpu"
         self.impl = None if self.fam.host_only else self.fam.load()
         self._inputs: dict[tuple, list] = {}  # shape key -> input sets
+        self._pools: dict[tuple, list] = {}  # shape key -> the memory pools of those sets (private placements)
         self._ref: dict[tuple, Any] = {}
         self._base: dict[tuple, Any] = {}
+        self._ahead: dict[tuple, Any] = {}  # shape key -> Future of (sets, pools, reference), built in the background
         self._compiled: set[tuple] = set()
         self.compile_s_total = 0.0
         self.clock_index = 0  # NVML's number for this GPU (a per-GPU worker sets its own)
         self._events: list = []
+        self._kept: dict[str, dict] = {}  # case id -> timed graphs and what they read, for the nvbench pass
+        self.phases: dict[str, float] = defaultdict(float)  # wall seconds per phase of the cases
+        self._phase_lock = threading.Lock()
+        if device.backend == "interpret":
+            from moebench.core.device import interpreter_without_discarded_checks
+
+            interpreter_without_discarded_checks()
 
     @property
     def jit_specializations(self) -> int:
@@ -161,14 +202,56 @@ class Session:
 
     def run(self, cases: list[Case]) -> Iterator[Started | Retimed | Finished]:
         """Run cases in order, yielding events; a KeyboardInterrupt propagates between cases
-        (every Finished record before it has been yielded)."""
+        (every Finished record before it has been yielded).
+
+        An untimed run (verify, the interpreter) builds the inputs and references of the next
+        shapes on background threads while the current case runs, and forgets a shape's inputs,
+        reference and baseline output after its last case. A timed run on a GPU builds every
+        shape's inputs in parallel before its first case, where they fit in memory together."""
         n = len(cases)
-        for i, case in enumerate(cases):
-            yield Started(case, i, n)
-            rec = self.run_case(case)
-            yield from self._events
-            self._events.clear()
-            yield Finished(rec, i, n)
+        untimed = not self.opts.time_it and not self.fam.host_only
+        last = {}
+        if untimed:
+            for i, c in enumerate(cases):
+                last[shape_key(c, self.fam.shape_params)] = i
+        ahead = None
+        if prefetch_workers() and not self.fam.host_only and (untimed or self._prebuild_fits(cases)):
+            ahead = _Ahead(self, cases)
+            if not untimed:
+                with self._phase("inputs + reference (built before timing, in parallel)"):
+                    ahead.build_all()
+        try:
+            for i, case in enumerate(cases):
+                if ahead is not None:
+                    ahead.feed(i)
+                yield Started(case, i, n)
+                rec = self.run_case(case)
+                yield from self._events
+                self._events.clear()
+                if untimed:
+                    key = shape_key(case, self.fam.shape_params)
+                    if last.get(key) == i:
+                        self._forget(key)
+                yield Finished(rec, i, n)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def _prebuild_fits(self, cases: list[Case]) -> bool:
+        """Whether every shape's timing input sets together fit the prebuild budget (a share of the
+        free device memory), so a timed run can build them all up front."""
+        if self.torch_device != "cuda":
+            return False
+        import torch
+
+        need, seen = 0, set()
+        for c in cases:
+            key = shape_key(c, self.fam.shape_params)
+            if key not in seen:
+                seen.add(key)
+                need += self.impl.input_bytes(c.params) * self._n_sets(c.params)
+        free, _ = torch.cuda.mem_get_info()
+        return need <= min(PREBUILD_MAX_BYTES, PREBUILD_FREE_SHARE * free)
 
     def run_case(self, case: Case) -> Record:
         rec = Record(self.spec.name, self.fam.name, case.id, case.variant, case.label, "ok",
@@ -222,12 +305,77 @@ class Session:
         key = shape_key(case, self.fam.shape_params)
         n = self._n_sets(case.params)
         have = self._inputs.get(key)
+        if (have is None or len(have) < n) and key in self._ahead:
+            sets, pools, ref = self._ahead.pop(key).result()  # (the caller's "inputs" phase holds the wait)
+            self._keep_inputs(key, sets, pools)
+            if ref is not None:
+                self._ref.setdefault(key, ref)
+            have = sets
         if have is None or len(have) < n:
-            if len(self._inputs) > 4:  # keep memory bounded: inputs are rebuilt on demand
-                self._inputs.clear()
-            self._check_memory(case, n)
-            self._inputs[key] = [self.impl.build_inputs(case.params, self.torch_device, i) for i in range(n)]
+            sets, pools = self._build_sets(case, n)
+            self._keep_inputs(key, sets, pools)
         return self._inputs[key][:n]
+
+    def _keep_inputs(self, key: tuple, sets: list, pools: list) -> None:
+        if len(self._inputs) > 4:  # keep memory bounded: inputs are rebuilt on demand
+            self._inputs.clear()
+            self._pools.clear()
+        self._inputs[key] = sets
+        self._pools[key] = pools
+
+    def _build_sets(self, case: Case, n: int) -> tuple[list, list]:
+        """`n` input sets of a case's shape, each in its own memory pool with private placements."""
+        self._check_memory(case, n)
+        sets, pools = [], []
+        for i in range(n):
+            with self._placement() as pool:
+                sets.append(self.impl.build_inputs(case.params, self.torch_device, i))
+            pools.append(pool)
+        return sets, pools
+
+    def _build_shape(self, case: Case) -> tuple[list, list, Any]:
+        """A shape's input sets and its reference, for the background (see _Ahead)."""
+        with self._phase("inputs + reference (background threads)"):
+            sets, pools = self._build_sets(case, self._n_sets(case.params))
+            return sets, pools, self.impl.reference(sets[0], case.params)
+
+    def _forget(self, key: tuple) -> None:
+        for d in (self._inputs, self._pools, self._ref, self._base):
+            d.pop(key, None)
+
+    @contextmanager
+    def _placement(self):
+        """Where the next allocations go: torch's caching allocator, or (timing.placement_memory:
+        private, on a GPU) a memory pool of their own, yielded so the caller keeps it alive as
+        long as its tensors."""
+        if self.opts.timing.placement_memory != "private" or self.torch_device != "cuda":
+            yield None
+            return
+        import torch
+
+        if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
+            raise RuntimeError("timing.placement_memory: private needs torch.cuda.MemPool (torch >= 2.6)")
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            yield pool
+
+    def _copy_set(self, inp) -> tuple[Any, Any]:
+        """A copy of an input set in fresh memory (views kept as views): the same data at another
+        placement. Returns (copy, its pool or None)."""
+        import copy
+
+        with self._placement() as pool:
+            return copy.deepcopy(inp), pool
+
+    @contextmanager
+    def _phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            with self._phase_lock:
+                self.phases[name] += dt
 
     def _check_memory(self, case: Case, n_sets: int) -> None:
         """Refuse a case whose inputs would not fit, before allocating anything."""
@@ -258,9 +406,6 @@ class Session:
             params, _ = resolve(self.spec, base, self.device, self.environ)
             built = self.fam.builder(base.variant)(inp, params, self.device)
             self._first_launch(built)
-            built.reset()
-            built.launch()
-            self._sync()
             self._base[key] = built.output.clone()
         return self._base[key]
 
@@ -273,8 +418,10 @@ class Session:
             torch.cuda.synchronize()
 
     def _first_launch(self, built) -> float | None:
-        """Run once, so JIT compile happens outside any timing. Returns the compile seconds
-        when this launch compiled a new specialization, else None."""
+        """Reset and run once: the launch whose output is checked, and the one that compiles a new
+        JIT specialization, so compiling stays out of any timing. Returns the seconds of this
+        launch when it compiled a new specialization (compile time plus one run of the kernel),
+        else None."""
         new = built.compile_key not in self._compiled
         built.reset()
         t0 = time.perf_counter()
@@ -291,32 +438,40 @@ class Session:
 
     def _kernel_case(self, case: Case, params: dict, rec: Record) -> None:
         builder = self.fam.builder(case.variant)
-        sets = self.inputs(case)
+        with self._phase("inputs"):
+            sets = self.inputs(case)
         inp = sets[0]
-        built = builder(inp, params, self.device)
+        with self._phase("reference"):
+            expected = self.reference(case, inp)
+        with self._phase("build closures"):
+            built = builder(inp, params, self.device)
         rec.launch.update(built.geometry)
         rec.launch_from.update(built.launch_from)
+        inexact = built.inexact  # why this launch cannot equal the baseline bit for bit
 
-        compile_s = self._first_launch(built)
+        # checked launch: reset/poison, one launch (it also compiles, outside any timing), then
+        # compare to torch, right away (the guard cells are the variant's alone), and to the
+        # baseline launch on the same inputs (which reuses them, so the output is copied first)
+        with self._phase("compile + checked launch"):
+            compile_s = self._first_launch(built)
         rec.timing["compile_s"] = round(compile_s, 4) if compile_s is not None else None
-
-        # checked launch: reset/poison, one launch, compare to torch and to the baseline launch
-        expected = self.reference(case, inp)
-        base = self.baseline_output(case, inp) if self.spec.baseline and not built.inexact else None
-        built.reset()
-        built.launch()
-        self._sync()
-        out = built.output
-        chk: Check = self.impl.check(inp, out, expected, case.params)
-        rec.checks["ref_check"] = chk.detail
-        if base is not None:
+        with self._phase("check"):
+            out = built.output
+            chk: Check = self.impl.check(inp, out, expected, case.params)
+            rec.checks["ref_check"] = chk.detail
+            vacuity = self.impl.nonvacuity(inp, out, case.params)
+        if self.spec.baseline and not inexact:
             import torch
 
-            rec.checks["baseline_equal"] = bool(torch.equal(out, base))
-        elif built.inexact:
+            mine = out.clone()
+            with self._phase("baseline launch"):
+                base = self.baseline_output(case, inp)
+            with self._phase("check"):
+                rec.checks["baseline_equal"] = bool(torch.equal(mine, base))
+        elif inexact:
             rec.checks["baseline_equal"] = None
-            rec.checks["baseline_skipped"] = built.inexact
-        rec.checks.update(self.impl.nonvacuity(inp, out, case.params))
+            rec.checks["baseline_skipped"] = inexact
+        rec.checks.update(vacuity)
         if not chk.ok or rec.checks.get("baseline_equal") is False:
             rec.status = "mismatch"
             rec.error = chk.detail if not chk.ok else "differs from the baseline launch (torch.equal)"
@@ -325,8 +480,24 @@ class Session:
         self._occupancy(rec.work)
         if not self.opts.time_it:
             return
-        builts = [built] + [builder(s, params, self.device) for s in sets[1:]]
-        self._time(case, rec, builts)
+        with self._phase("placement copies"):
+            copies = self._placement_copies(case, sets)
+        rotation = sets + [c for c, _ in copies]
+        with self._phase("build closures"):
+            builts = [built] + [builder(s, params, self.device) for s in rotation[1:]]
+        with self._phase("timing"):
+            self._time(case, rec, builts, lambda inp_: builder(inp_, params, self.device), rotation, copies)
+
+    def _placement_copies(self, case: Case, sets: list) -> list:
+        """timing.placement_copies - 1 copies of every warm set in fresh memory, (copy, pool) each,
+        as many as keep the whole rotation inside half the L2 (the warm budget)."""
+        t = self.opts.timing
+        if t.placement_copies <= 1 or t.l2 != "warm" or not self.device.l2_bytes:
+            return []
+        touched = getattr(self.impl, "touched_bytes", self.impl.input_bytes)
+        fit = (self.device.l2_bytes // 2) // max(1, touched(case.params))
+        per_set = max(1, min(t.placement_copies, fit // max(1, len(sets))))
+        return [self._copy_set(s) for s in sets for _ in range(per_set - 1)]
 
     def _occupancy(self, w: dict) -> None:
         d = self.device
@@ -345,17 +516,37 @@ class Session:
             n = max(1, min(n, self.fam.graph_launches(case.params, n)))
         return n
 
-    def _time(self, case: Case, rec: Record, builts: list) -> None:
-        from moebench.core.timing import time_graph
+    def _time(self, case: Case, rec: Record, builts: list, rebuild=None, sets: list | None = None,
+              held: list | None = None) -> None:
+        """Time a case: one graph over the rotation of `builts` (timing.groups 1), or one graph per
+        placement group, group g > 0 over fresh copies of `sets` (the inputs of `builts`) with
+        closures from `rebuild`. `held`: copies group 0 reads, kept alive with its graph."""
+        from moebench.core.timing import time_groups
 
         t = self.opts.timing
-        per_graph = self.launches_per_graph(case)
+        g_min = max(1, t.groups)
+        g_max = max(g_min, t.max_groups or g_min)
+        keep = "nvbench" in self.opts.cross
+        copies: list = list(held or [])  # the copies (and pools) the graphs read: alive while they are
+
+        def make_group(g: int) -> list:
+            if g == 0:
+                return [b.launch for b in builts]
+            made = [self._copy_set(s) for s in sets]
+            copies.append(made)
+            return [rebuild(c).launch for c, _ in made]
+
+        def enough(groups: list[list[float]]) -> bool:
+            return between_groups_rel([median(x) for x in groups]) < t.target_rel_noise
+
         retimed = 0
         while True:
             clk0 = nvml_clocks(self.clock_index)
-            samples = time_graph([b.launch for b in builts], launches_per_graph=per_graph,
-                                 warmup=t.warmup, min_replays=t.min_replays, max_replays=t.max_replays,
-                                 max_seconds=t.max_seconds, stop=noise_below(t.target_rel_noise))
+            samples = time_groups(make_group, min_groups=g_min, max_groups=g_max,
+                                  launches_per_graph=self.launches_per_graph(case), warmup=t.warmup,
+                                  min_replays=t.min_replays, max_replays=t.max_replays, max_seconds=t.max_seconds,
+                                  stop=noise_below(t.target_rel_noise), enough=enough if g_max > g_min else None,
+                                  keep=keep)
             clk1 = nvml_clocks(self.clock_index)
             dropped = (clk1.get("sm_max_mhz") and clk1.get("sm_mhz") is not None
                        and clk1["sm_mhz"] < t.clock_drop * clk1["sm_max_mhz"])
@@ -367,20 +558,38 @@ class Session:
         if retimed:
             rec.timing["clock_retimed"] = retimed
         s = summarize(samples.per_launch_us)
+        estimate, rel_noise = s.median_us, s.rel_noise
+        n_groups = len(samples.groups)
         l2_note = f"{t.l2} ({len(builts)} set{'s' if len(builts) > 1 else ''})"
+        if n_groups > 1 or t.placement_memory != "caching" or held:
+            l2_note = (f"{t.l2} ({len(builts)} placement{'s' if len(builts) > 1 else ''}"
+                       + (f" x {n_groups} groups" if n_groups > 1 else "") + f", {t.placement_memory} memory)")
+        rec.timing.update({"timer": "graph-replay", "l2": l2_note})
+        if n_groups > 1:
+            meds = [median(g) for g in samples.groups]
+            between = between_groups_rel(meds)
+            estimate, rel_noise = mean(meds), max(between, s.rel_noise)
         rec.timing.update({
-            "timer": "graph-replay", "l2": l2_note, "median_us": round(s.median_us, 4),
+            "median_us": round(estimate, 4),
             "min_us": round(s.min_us, 4), "max_us": round(s.max_us, 4), "q1_us": round(s.q1_us, 4),
-            "q3_us": round(s.q3_us, 4), "iqr_us": round(s.iqr_us, 4), "rel_noise": round(s.rel_noise, 5),
+            "q3_us": round(s.q3_us, 4), "iqr_us": round(s.iqr_us, 4), "rel_noise": round(rel_noise, 5),
             "n_replays": s.n, "launches_per_graph": samples.launches_per_graph,
             "stopped_by": samples.stopped_by, "timing_wall_s": round(samples.wall_s, 3),
             "sm_clock_start_mhz": clk0["sm_mhz"], "sm_clock_end_mhz": clk1["sm_mhz"],
         })
+        if n_groups > 1:
+            rec.timing.update({"estimator": "mean of group medians", "groups": n_groups,
+                               "group_medians_us": [round(m, 4) for m in meds],
+                               "between_groups_rel": round(between, 5)})
         mx = clk1.get("sm_max_mhz")
         if mx and clk1["sm_mhz"] is not None:
             rec.timing["clock_ok"] = clk1["sm_mhz"] >= t.clock_drop * mx
-        self._floors(rec, s.median_us, builts)
+        self._floors(rec, estimate, builts)
         self._cross(rec, builts)
+        if keep:
+            key = shape_key(case, self.fam.shape_params)
+            self._kept[case.id] = {"graphs": samples.graphs, "builts": builts, "copies": copies,
+                                   "pools": self._pools.get(key), "launches": samples.launches_per_graph}
 
     def _floors(self, rec: Record, median_us: float, builts: list) -> None:
         c = self.opts.ceilings
@@ -434,10 +643,50 @@ class Session:
 
         try:
             v = dobench_cudagraph_us(all_sets) / len(fns)
+            # against the same placements: with placement groups, group 0's median
+            mine = (rec.timing.get("group_medians_us") or [rec.timing["median_us"]])[0]
             rec.cross["dobench_us"] = round(v, 4)
-            rec.cross["dobench_delta_pct"] = round(100 * (rec.timing["median_us"] - v) / v, 2)
+            rec.cross["dobench_delta_pct"] = round(100 * (mine - v) / v, 2)
         except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timing stands
             rec.cross["cross_error"] = _one_line(e)
+
+    def nvbench_pass(self, records: list[Record]) -> None:
+        """nvbench times every timed case's own graph (kept from `_time`, over the same buffers),
+        with its own cold and batch measurements and its own stopping rule, in one run (cuda.bench
+        runs its benchmarks once per process), after all timing and before any profiling. Each
+        record gets nvbench's per-launch times and their difference to moebench's number."""
+        if "nvbench" not in self.opts.cross or not self.opts.time_it:
+            return
+        import torch
+
+        from moebench.core.timing import NvbenchItem, nvbench_graphs
+
+        todo = [(r, self._kept[r.case_id]) for r in records
+                if r.status == "ok" and r.timing.get("median_us") is not None and r.case_id in self._kept]
+        items = [NvbenchItem(lambda gs=k["graphs"]: [g.replay() for g in gs], k["launches"] * len(k["graphs"]))
+                 for _, k in todo]
+        try:
+            results = nvbench_graphs(items, torch.cuda.current_device()) if items else []
+        except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timings stand
+            for rec, _ in todo:
+                rec.cross["cross_error"] = f"nvbench: {_one_line(e)}"
+            results = []
+        for (rec, _), got in zip(todo, results):
+            m = rec.timing["median_us"]
+            if got.get("batch_us"):
+                rec.cross["nvbench_batch_us"] = round(got["batch_us"], 4)
+                rec.cross["nvbench_delta_pct"] = round(100 * (m - got["batch_us"]) / got["batch_us"], 2)
+            if got.get("cold_us"):
+                rec.cross["nvbench_cold_us"] = round(got["cold_us"], 4)
+                rec.cross["nvbench_cold_delta_pct"] = round(100 * (m - got["cold_us"]) / got["cold_us"], 2)
+            if got.get("cold_noise_pct") is not None:
+                rec.cross["nvbench_noise_pct"] = round(got["cold_noise_pct"], 3)
+            for k in ("cold_samples", "batch_samples"):
+                if got.get(k) is not None:
+                    rec.cross[f"nvbench_{k}"] = got[k]
+            if not got:
+                rec.cross["cross_error"] = "nvbench: no measurement for this graph (skipped or timed out)"
+        self._kept.clear()
 
     def profile_pass(self, cases: list[Case], records: list[Record]) -> None:
         """Pure kernel time from the PyTorch profiler (CUPTI) for every timed record, in a pass of
@@ -473,7 +722,10 @@ def _one_line(e: BaseException) -> str:
 
 @dataclass
 class Profiling:
-    """The profiler pass (CUPTI kernel times) has started, after every case was timed."""
+    """A pass over every timed case has started, after all timing: nvbench's, then the profiler's
+    (CUPTI kernel times)."""
+
+    what: str = "profiler pass (CUPTI kernel times)"
 
 
 @dataclass
@@ -487,6 +739,7 @@ class Summary:
     jit_specializations: int
     wall_s: float
     interrupted: int | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase (this process's cases)
 
     @property
     def complete(self) -> bool:
@@ -508,6 +761,8 @@ def run_sweep(spec: Spec, cases: list[Case], options: Options, device: DeviceInf
 
     done = dict(done or {})
     todo = [c for c in cases if c.id not in done]
+    if not options.time_it and not spec.family.host_only:
+        todo = shape_major(todo, spec.family.shape_params)
     records = [done[c.id] for c in cases if c.id in done]
     t0 = time.perf_counter()
     session = Session(spec, device, options, environ)
@@ -525,9 +780,14 @@ def run_sweep(spec: Spec, cases: list[Case], options: Options, device: DeviceInf
                 if isinstance(ev, Finished):
                     records.append(ev.record)
                 yield ev
+            if "nvbench" in options.cross and options.time_it:
+                yield Profiling("nvbench pass (cold and batch replays of every timed graph)")
+                with session._phase("nvbench pass"):
+                    session.nvbench_pass(records)
             if "profiler" in options.cross and options.time_it:
                 yield Profiling()
-                session.profile_pass(cases, records)
+                with session._phase("profiler pass"):
+                    session.profile_pass(cases, records)
     except KeyboardInterrupt as e:
         interrupted = getattr(e, "signum", signal.SIGINT)
     order = {c.id: i for i, c in enumerate(cases)}
@@ -538,4 +798,75 @@ def run_sweep(spec: Spec, cases: list[Case], options: Options, device: DeviceInf
         compile_s, n_jit = sum(fresh), len(fresh)
     else:
         compile_s, n_jit = session.compile_s_total, session.jit_specializations
-    yield Summary(records, round(compile_s, 3), n_jit, round(time.perf_counter() - t0, 2), interrupted)
+    phases = {k: round(v, 3) for k, v in sorted(session.phases.items(), key=lambda kv: -kv[1])}
+    yield Summary(records, round(compile_s, 3), n_jit, round(time.perf_counter() - t0, 2), interrupted, phases)
+
+
+def shape_major(cases: list[Case], shape_params: tuple[str, ...]) -> list[Case]:
+    """The same cases, those of one shape (one set of inputs, one reference) next to each other, in
+    the order shapes first appear. For untimed runs: each shape's inputs are built once and can be
+    dropped after its last case. Records are put back in spec order at the end."""
+    groups: dict[tuple, list[Case]] = {}
+    for c in cases:
+        groups.setdefault(shape_key(c, shape_params), []).append(c)
+    return [c for g in groups.values() for c in g]
+
+
+def prefetch_workers() -> int:
+    """Background threads that build inputs ahead in untimed runs ($MOEBENCH_PREFETCH; 0 = none)."""
+    raw = os.environ.get("MOEBENCH_PREFETCH", "").strip()
+    if raw:
+        try:
+            return max(0, int(raw))
+        except ValueError:
+            pass
+    return max(1, min(PREFETCH_MAX_WORKERS, (os.cpu_count() or 2) // 2))
+
+
+class _Ahead:
+    """Builds the inputs and references of shapes on background threads. In an untimed run it keeps
+    the next shapes in flight while the main thread runs the current case (`feed`); in a timed run
+    it builds every shape before the first case (`build_all`), so nothing runs in the background
+    while anything is timed. Family input builders seed their own generators, so the data does not
+    depend on which thread built it. A failure surfaces in the case that needs the shape."""
+
+    def __init__(self, session: Session, cases: list[Case]):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.s = session
+        workers = prefetch_workers()
+        self.depth = workers * PREFETCH_DEPTH_PER_WORKER
+        keys = [shape_key(c, session.fam.shape_params) for c in cases]
+        first: dict[tuple, int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        self.shapes = list(first.items())  # (key, first case index) in order
+        self.pos = {k: j for j, (k, _) in enumerate(self.shapes)}
+        self.keys, self.cases = keys, cases
+        self.next = 0
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="moebench-inputs")
+
+    def feed(self, i: int) -> None:
+        """Case i is next: keep the shapes up to `depth` past its own submitted."""
+        here = self.pos[self.keys[i]]
+        s = self.s
+        while self.next < len(self.shapes) and self.next <= here + self.depth:
+            key, j = self.shapes[self.next]
+            if self.next > here and key not in s._inputs and key not in s._ahead:
+                s._ahead[key] = self.pool.submit(s._build_shape, self.cases[j])
+            self.next += 1
+
+    def build_all(self) -> None:
+        """Every shape, now, in parallel; returns when all are built (or failed)."""
+        from concurrent.futures import wait
+
+        s = self.s
+        for key, j in self.shapes:
+            if key not in s._inputs and key not in s._ahead:
+                s._ahead[key] = self.pool.submit(s._build_shape, self.cases[j])
+        wait(list(s._ahead.values()))
+        self.next = len(self.shapes)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.s._ahead.clear()

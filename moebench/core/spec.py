@@ -65,8 +65,15 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "clock_drop": (float, 0.0, 1.0),
     "placements": (int, 1, 64),
     "clock_retries": (int, 0, 5),
+    "placement_copies": (int, 1, 64),
+    "groups": (int, 1, 64),
+    "max_groups": (int, 0, 256),
+    "placement_memory": (str, None, None),
 }
 L2_MODES = ("warm", "cold")
+PLACEMENT_MEMORY = ("caching", "private")
+# the values a string timing key takes
+TIMING_CHOICES = {"l2": L2_MODES, "placement_memory": PLACEMENT_MEMORY}
 # the keys a matrix may have at each level (the top level is checked against TOP_KEYS)
 MATRIX_KEYS = ("axes", "zip", "fixed", "where", "variants")
 
@@ -86,6 +93,20 @@ class Timing:
     clock_drop: float = 0.9  # flag a case whose SM clock ended below this fraction of max
     placements: int = 8  # warm L2: independently allocated input/output sets rotated per graph
     clock_retries: int = 0  # re-time a case whose clock fell below clock_drop, after a 1 s pause
+    # warm L2: each set also sits at this many - 1 further placements (copies of the same data in
+    # fresh memory), all rotated in the graph, as far as the warm L2 budget allows
+    placement_copies: int = 1
+    # Placement groups (issue 16): `groups` graphs, each over its own freshly allocated copies of
+    # the input sets, replays interleaved; the estimate is the mean of the group medians and its
+    # stated half-width the t-interval over them, so placement luck shows in the uncertainty.
+    # `max_groups` (0: = groups) lets a case whose groups disagree add groups until the interval
+    # is under target_rel_noise. 1 group is the single-graph timer (median of replays).
+    groups: int = 1
+    max_groups: int = 0
+    # caching: input sets come from torch's caching allocator (several small sets share a 2 MiB
+    # segment, hence a page); private: every set and copy gets its own memory pool, so no two
+    # placements share a segment
+    placement_memory: str = "caching"
 
 
 @dataclass
@@ -631,21 +652,71 @@ def load_spec(name_or_path: str) -> Spec:
         t = L.mapping(doc["timing"], "timing", f"a mapping of timer settings ({', '.join(TIMING_KEYS)})")
         L.keys(t, "timing", TIMING_KEYS)
         for k, v in t.items():
-            typ, lo, hi = TIMING_KEYS[k]
-            key = f"timing.{k}"
-            if typ is str:
-                if not isinstance(v, str) or v not in L2_MODES:
-                    L.fail(key, f"expected one of {', '.join(L2_MODES)}, got {show(v)}")
-            else:
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and not isinstance(v, int)):
-                    L.fail(key, f"expected {'an integer' if typ is int else 'a number'}, got {show(v)}")
-                if (lo is not None and not lo <= v) or (hi is not None and not v <= hi):  # refuses NaN too
-                    L.fail(key, f"must be between {lo:g} and {hi:g}, got {show(v)}")
-            setattr(timing, k, typ(v))
-        if timing.max_replays < timing.min_replays:
-            L.fail("timing.max_replays", f"must be >= min_replays ({timing.min_replays}), got {timing.max_replays}")
+            problem = timing_problem(k, v)
+            if problem:
+                L.fail(f"timing.{k}", problem)
+            setattr(timing, k, TIMING_KEYS[k][0](v))
+        problem = timing_consistency(timing)
+        if problem:
+            L.fail(*problem)
 
     return Spec(path=path, name=name, family=family, description=description, model_name=model_name,
                 model=model, baseline=baseline, sweep=sweep, quick=quick, verify=verify,
                 verify_quick=verify_quick, pivot=pivot, timing=timing, seed=seed, max_cases=max_cases,
                 sha256=h.hexdigest(), plugins=plugins)
+
+
+# ----------------------------------------------------------------------------------- timing settings
+
+
+def timing_problem(key: str, v: Any) -> str | None:
+    """What is wrong with timing setting `key` = `v` (a YAML value), or None."""
+    typ, lo, hi = TIMING_KEYS[key]
+    if typ is str:
+        choices = TIMING_CHOICES[key]
+        if not isinstance(v, str) or v not in choices:
+            return f"expected one of {', '.join(choices)}, got {show(v)}"
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and not isinstance(v, int)):
+        return f"expected {'an integer' if typ is int else 'a number'}, got {show(v)}"
+    if (lo is not None and not lo <= v) or (hi is not None and not v <= hi):  # refuses NaN too
+        return f"must be between {lo:g} and {hi:g}, got {show(v)}"
+    return None
+
+
+def timing_consistency(t: Timing) -> tuple[str, str] | None:
+    """(key, problem) where two timing settings contradict each other, or None."""
+    if t.max_replays < t.min_replays:
+        return "timing.max_replays", f"must be >= min_replays ({t.min_replays}), got {t.max_replays}"
+    if t.max_groups and t.max_groups < t.groups:
+        return "timing.max_groups", f"must be 0 (= groups) or >= groups ({t.groups}), got {t.max_groups}"
+    return None
+
+
+def apply_timing_overrides(timing: Timing, text: str) -> list[str]:
+    """Apply `--timing KEY=VALUE,...` to a spec's timing settings (the same checks as the spec's
+    `timing:` block); returns the keys set. A bad item is a UsageError naming it."""
+    from moebench.errors import UsageError
+
+    done = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or key not in TIMING_KEYS:
+            raise UsageError(f"--timing: expected KEY=VALUE with KEY one of {', '.join(TIMING_KEYS)}; got {item!r}"
+                             + (_did_you_mean(key, TIMING_KEYS) if sep else ""))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        problem = timing_problem(key, value)
+        if problem:
+            raise UsageError(f"--timing {key}: {problem}")
+        setattr(timing, key, TIMING_KEYS[key][0](value))
+        done.append(key)
+    problem = timing_consistency(timing)
+    if problem:
+        raise UsageError(f"--timing: {problem[0]} {problem[1]}")
+    return done

@@ -6,14 +6,22 @@ of CUDA events. It returns raw per-launch samples (replay time / launches); stat
 `moebench.core.stats`. A launch time measured this way includes the gap between graph nodes, which
 a profiler's kernel duration does not.
 
-With several closures (cold-L2 rotation: one per input-buffer set) launch i of the graph is
-closure i % len(closures), so consecutive launches touch different buffers.
+With several closures (cold-L2 rotation, or warm placements: one per input-buffer set) launch i
+of the graph is closure i % len(closures), so consecutive launches touch different buffers.
+
+`time_groups` times several such graphs, each over its own buffer placements, with their replays
+interleaved round by round; `time_graph` is the one-group case. The cross-checks live here too:
+triton's do_bench_cudagraph, the PyTorch profiler's kernel time, and NVIDIA's nvbench.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 Launch = Callable[[], None]
@@ -21,11 +29,13 @@ Launch = Callable[[], None]
 
 @dataclass
 class Samples:
-    per_launch_us: list[float]
+    per_launch_us: list[float]  # every replay of every group, in the order they ran
     launches_per_graph: int
     replays: int
     wall_s: float
-    stopped_by: str  # "noise" | "max_replays" | "max_seconds"
+    stopped_by: str  # "noise" | "max_replays" | "max_seconds" | "max_groups"
+    groups: list[list[float]] = field(default_factory=list)  # per-launch samples of each group
+    graphs: list = field(default_factory=list, repr=False)  # the captured graphs, when kept
 
 
 def _torch():
@@ -53,9 +63,11 @@ def capture(fns: Sequence[Launch], launches: int, warmup: int):
     return graph
 
 
-def time_graph(
-    fns: Sequence[Launch],
+def time_groups(
+    make_group: Callable[[int], Sequence[Launch]],
     *,
+    min_groups: int = 1,
+    max_groups: int = 1,
     launches_per_graph: int = 200,
     warmup: int = 5,
     min_replays: int = 20,
@@ -63,38 +75,78 @@ def time_graph(
     max_seconds: float = 1.0,
     batch: int = 20,
     stop: Callable[[list[float]], bool] | None = None,
+    enough: Callable[[list[list[float]]], bool] | None = None,
+    keep: bool = False,
 ) -> Samples:
-    """Replay a graph of `launches_per_graph` launches until `stop(samples)` says enough
-    (checked after each batch, once `min_replays` are in), or a replay/time cap is hit."""
-    torch = _torch()
-    graph = capture(fns, launches_per_graph, warmup)
-    for _ in range(max(1, warmup)):
-        graph.replay()
-    torch.cuda.synchronize()
+    """Time one graph per group of closures, `make_group(g)` giving group g's closures (each group
+    its own buffer placements). A round replays every graph `batch` times in turn, so a drift in
+    the device's state lands on all groups alike.
 
+    Once every group has `min_replays` samples and `stop(group)` holds for each (its own noise is
+    low enough), `enough(groups)` decides: stop, or add a group (up to `max_groups`) and go on.
+    Without `enough` the groups present are enough. A replay cap per group or the time cap ends the
+    run earlier. With `keep` the graphs stay alive in the result (for a later cross-check)."""
+    torch = _torch()
+    graphs: list = []
+    groups: list[list[float]] = []
+    order: list[float] = []
+
+    def add() -> None:
+        g = capture(make_group(len(graphs)), launches_per_graph, warmup)
+        for _ in range(max(1, warmup)):
+            g.replay()
+        torch.cuda.synchronize()
+        graphs.append(g)
+        groups.append([])
+
+    for _ in range(max(1, min_groups)):
+        add()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
-    samples: list[float] = []
     t0 = time.perf_counter()
     stopped_by = "max_replays"
-    while len(samples) < max_replays:
-        n = min(batch, max_replays - len(samples))
-        for i in range(n):
-            starts[i].record()
-            graph.replay()
-            ends[i].record()
-        ends[n - 1].synchronize()
-        samples.extend(starts[i].elapsed_time(ends[i]) * 1e3 / launches_per_graph for i in range(n))
-        if len(samples) >= min_replays:
-            if stop is not None and stop(samples):
-                stopped_by = "noise"
+    while True:
+        for graph, got in zip(graphs, groups):
+            n = min(batch, max_replays - len(got))
+            if n <= 0:
+                continue
+            for i in range(n):
+                starts[i].record()
+                graph.replay()
+                ends[i].record()
+            ends[n - 1].synchronize()
+            new = [starts[i].elapsed_time(ends[i]) * 1e3 / launches_per_graph for i in range(n)]
+            got.extend(new)
+            order.extend(new)
+        if all(len(g) >= min_replays for g in groups):
+            if stop is not None and all(stop(g) for g in groups):
+                if enough is None or enough(groups):
+                    stopped_by = "noise"
+                    break
+                if len(graphs) < max_groups:
+                    add()
+                    continue
+                stopped_by = "max_groups"
                 break
             if time.perf_counter() - t0 > max_seconds:
                 stopped_by = "max_seconds"
                 break
+        if all(len(g) >= max_replays for g in groups):
+            break
     wall = time.perf_counter() - t0
-    del graph
-    return Samples(samples, launches_per_graph, len(samples), wall, stopped_by)
+    kept = graphs if keep else []
+    del graphs
+    return Samples(order, launches_per_graph, len(order), wall, stopped_by, groups, kept)
+
+
+def time_graph(fns: Sequence[Launch], *, launches_per_graph: int = 200, warmup: int = 5, min_replays: int = 20,
+               max_replays: int = 4000, max_seconds: float = 1.0, batch: int = 20,
+               stop: Callable[[list[float]], bool] | None = None, keep: bool = False) -> Samples:
+    """Replay one graph of `launches_per_graph` launches until `stop(samples)` says enough
+    (checked after each batch, once `min_replays` are in), or a replay/time cap is hit."""
+    return time_groups(lambda g: fns, launches_per_graph=launches_per_graph, warmup=warmup,
+                       min_replays=min_replays, max_replays=max_replays, max_seconds=max_seconds, batch=batch,
+                       stop=stop, keep=keep)
 
 
 def time_events(fn: Launch, *, iters: int = 10, warmup: int = 2) -> list[float]:
@@ -113,6 +165,9 @@ def time_events(fn: Launch, *, iters: int = 10, warmup: int = 2) -> list[float]:
         e.synchronize()
         out.append(s.elapsed_time(e) * 1e3)
     return out
+
+
+# ----------------------------------------------------------------------------------- cross-checks
 
 
 def dobench_cudagraph_us(fn: Launch, rep_ms: int = 200) -> float:
@@ -152,3 +207,141 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
             total += t
     del graph
     return total / (replays * launches_per_graph) if total else None
+
+
+# nvbench (cuda-bench, `import cuda.bench`) times each graph with its own measurements: "cold" (the
+# L2 flushed before every replay, one replay per sample, synchronized) and "batch" (replays back to
+# back behind a blocking kernel), and stops by its own criterion (stdrel: the relative standard
+# deviation of the cold samples under --max-noise, after --min-time of accumulated GPU time).
+# Its defaults (0.5 s of GPU time per measurement) would spend about a second on every case; 0.1 s
+# still gives 20-250 samples of a 0.4-5 ms graph, enough for its 0.5% noise criterion.
+NVBENCH_MIN_TIME_S = 0.1
+NVBENCH_BATCH_TIME_S = 0.1
+NVBENCH_MAX_NOISE_PCT = 0.5  # nvbench's own default
+NVBENCH_TIMEOUT_S = 10.0  # per measurement, wall time; nvbench's default is 15
+_NVBENCH_RAN = False  # cuda.bench runs its registered benchmarks once per process
+
+
+def nvbench_unavailable() -> str | None:
+    """Why nvbench cannot run here, or None. Loading `cuda.bench`'s native module needs the
+    cuda-bench wheel and a cuda-bindings package of the CUDA runtime's major version."""
+    try:
+        import cuda.bench as bench
+
+        bench.State  # noqa: B018 - the attribute loads the native extension
+    except Exception as e:  # noqa: BLE001 - any failure to load is the answer
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0] if text else ''}".strip().rstrip(":")
+    if _NVBENCH_RAN:
+        return "cuda.bench already ran its benchmarks in this process (it runs them once per process)"
+    return None
+
+
+@dataclass
+class NvbenchItem:
+    """One graph for nvbench: `replay()` enqueues it on the current stream; `launches` kernel launches
+    per replay turn nvbench's per-replay times into per-launch times."""
+
+    replay: Callable[[], None]
+    launches: int
+
+
+def nvbench_graphs(items: Sequence[NvbenchItem], device_index: int = 0, log_dir: Path | None = None) -> list[dict]:
+    """Run nvbench once over every graph; per item, its per-launch times in µs and its noise:
+    {cold_us, batch_us, cold_noise_pct, cold_samples, batch_samples} (missing where nvbench skipped
+    a measurement). nvbench's console output goes to `log_dir/nvbench.log` (library code never
+    prints); its JSON results to `log_dir/nvbench.json` (default: $MOEBENCH_NVBENCH_DIR, else a
+    temporary folder)."""
+    global _NVBENCH_RAN
+    problem = nvbench_unavailable()
+    if problem:
+        raise RuntimeError(f"nvbench: {problem}")
+    import cuda.bench as bench
+
+    torch = _torch()
+    log_dir = Path(log_dir or os.environ.get("MOEBENCH_NVBENCH_DIR") or tempfile.mkdtemp(prefix="moebench-nvbench-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    json_path, log_path = log_dir / "nvbench.json", log_dir / "nvbench.log"
+
+    def graph_bench(state) -> None:
+        item = items[state.get_int64("graph")]
+        dev = state.get_device()
+
+        def launcher(launch) -> None:
+            stream = torch.cuda.ExternalStream(stream_ptr=launch.get_stream().addressof(), device=dev)
+            with torch.cuda.stream(stream):
+                item.replay()
+
+        state.exec(launcher)
+
+    b = bench.register(graph_bench)
+    b.set_name("moebench_graph")
+    b.add_int64_axis("graph", list(range(len(items))))
+    argv = ["moebench-nvbench", "--devices", str(device_index), "--json", str(json_path), "--quiet",
+            "--min-time", str(NVBENCH_MIN_TIME_S), "--max-noise", str(NVBENCH_MAX_NOISE_PCT),
+            "--batch-target-time", str(NVBENCH_BATCH_TIME_S), "--timeout", str(NVBENCH_TIMEOUT_S)]
+    _NVBENCH_RAN = True
+    torch.cuda.synchronize()
+    with _fds_to(log_path):
+        bench.run_all_benchmarks(argv)
+    torch.cuda.synchronize()
+    return _nvbench_results(json.loads(json_path.read_text()), items)
+
+
+def _nvbench_results(doc: dict, items: Sequence[NvbenchItem]) -> list[dict]:
+    """Per item, nvbench's cold and batch per-launch times (its summaries are seconds per replay)."""
+    out: list[dict] = [{} for _ in items]
+    for bench_doc in doc.get("benchmarks", []):
+        for st in bench_doc.get("states", []):
+            idx = None
+            for ax in st.get("axis_values") or []:
+                if ax.get("name") == "graph":
+                    idx = int(ax.get("value", ax.get("input_string")))
+            if idx is None and "graph=" in str(st.get("name", "")):  # "Device=0 graph=3"
+                idx = int(str(st["name"]).split("graph=")[1].split()[0])
+            if idx is None or not 0 <= idx < len(items) or st.get("is_skipped"):
+                continue
+            vals = {}
+            for s in st.get("summaries", []) or []:
+                for d in s.get("data", []):
+                    if d.get("name") == "value":
+                        vals[s.get("tag")] = d.get("value")
+            k = items[idx].launches
+            row = out[idx]
+            for tag, key in (("nv/cold/time/gpu/mean", "cold_us"), ("nv/batch/time/gpu/mean", "batch_us")):
+                if vals.get(tag) is not None:
+                    row[key] = float(vals[tag]) * 1e6 / k
+            if vals.get("nv/cold/time/gpu/stdev/relative") is not None:
+                row["cold_noise_pct"] = 100 * float(vals["nv/cold/time/gpu/stdev/relative"])
+            for tag, key in (("nv/cold/sample_size", "cold_samples"), ("nv/batch/sample_size", "batch_samples")):
+                if vals.get(tag) is not None:
+                    row[key] = int(float(vals[tag]))
+    return out
+
+
+class _fds_to:
+    """Point the process's stdout and stderr file descriptors at a file for a while: nvbench's C++
+    side writes to them directly."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        import sys
+
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except (OSError, ValueError):
+                pass
+        self.f = open(self.path, "ab")
+        self.saved = [os.dup(1), os.dup(2)]
+        os.dup2(self.f.fileno(), 1)
+        os.dup2(self.f.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self.f.close()

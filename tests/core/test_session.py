@@ -25,11 +25,13 @@ def test_a_case_whose_clock_dropped_is_timed_again(monkeypatch):
     monkeypatch.setattr(S, "nvml_clocks", lambda *a: next(clocks))
     calls = []
 
-    def fake_time_graph(fns, **kw):
+    def fake_time_groups(make_group, **kw):
         calls.append(1)
-        return Samples([2.0 + 0.01 * len(calls)] * 40, kw["launches_per_graph"], 40, 0.01, "noise")
+        make_group(0)
+        xs = [2.0 + 0.01 * len(calls)] * 40
+        return Samples(xs, kw["launches_per_graph"], 40, 0.01, "noise", [xs])
 
-    monkeypatch.setattr("moebench.core.timing.time_graph", fake_time_graph)
+    monkeypatch.setattr("moebench.core.timing.time_groups", fake_time_groups)
     monkeypatch.setattr(S.time, "sleep", lambda s: None)
     case = expand(spec, quick=True)[0]
     rec = Record("s", "count", case.id, case.variant, case.label, "ok", params=dict(case.params))
