@@ -29,6 +29,6 @@ if [ "$CAP" != 8192 ] && [ "$CAP" != 512 ]; then
 fi
 if [ "${2:-}" = --verify ]; then mb verify layer --out "$OUT"; fi
 [ -f results/h200/REPORT.md ] && cp results/h200/REPORT.md "$DEV/REPORT.md"
-python3 -m moebench.analysis.layer_report "$DEV" --kernel-dir results/h200 -o "$DEV/layer-report.md" \
+python3 -m moebench.analysis.layer_report "$DEV" --kernel-dir "${KERNEL_DIR:-results/h200}" -o "$DEV/layer-report.md" \
   --into "$DEV/REPORT.md"
 cat "$DEV/layer-report.md"

@@ -1,26 +1,41 @@
 #!/usr/bin/env bash
-# Every GPU result under results/h200/, in one session on the device. A benchmark, not a test.
-#   scripts/h200.sh OUT      (then copy OUT/A/h200/* into results/h200/)
-# Run A carries the cross-checks (do_bench_cudagraph, profiler kernel time); run B repeats the
-# default sweeps back to back for the run-to-run spread; TIMER.md compares them.
+# Every kernel result under results/h200/ (and the layer results), in one device call of under ten
+# minutes. A benchmark, not a test. Most important first: each step's files are bundled into
+# OUT/h200.tgz as soon as it ends, so a call cut short still returns what finished.
+#   scripts/h200.sh OUT        then unpack OUT/h200.tgz and copy its h200/ into results/h200/
+# The upstream kernels: megatron-core's wheel in .whl/ (installed by the caller, see README
+# "Megatron's own kernels beside ours") and a Megatron-LM checkout's megatron/ in
+# .upstream/Megatron-LM ($MOEBENCH_MEGATRON_LM, its commit in $MOEBENCH_MEGATRON_LM_COMMIT).
+# The timer study, the GPU suite, nvbench and the wall profile are scripts/h200-instrument.sh.
 set -uo pipefail
 OUT=${1:?usage: scripts/h200.sh OUT}
+R=/tmp/moebench-h200
+rm -rf "$R"; mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-mb() { echo "+ moebench $*"; python3 -m moebench "$@"; }
-mkdir -p "$OUT/A/h200" "$OUT/B/h200" "$OUT/C/h200"
-mb device --out "$OUT/A" --remeasure
-cp "$OUT/A/h200/device.json" "$OUT/B/h200/"; cp "$OUT/A/h200/device.json" "$OUT/C/h200/"
-mb sweep count-block --out "$OUT/A" --cross-check dobench,profiler
-mb sweep act-grid --out "$OUT/A" --cross-check dobench,profiler
-mb sweep count-block --out "$OUT/B"
-mb sweep act-grid --out "$OUT/B"
-mb sweep act-grid-rows --out "$OUT/A"
-mb sweep count-variants --out "$OUT/A"
-mb sweep act-variants --out "$OUT/A"
-mb ab count-block --off block_size=1024 --on block_size=128 --arms 4 --iters 5 --out "$OUT/A"
-mb sweep act-grid --out "$OUT/C" --l2 cold
-mb verify count-block --out "$OUT/A"
-mb verify act-grid --out "$OUT/A"
-python3 -m moebench.analysis.timer_report "$OUT/A" "$OUT/B" --sweeps count-block,act-grid -o "$OUT/A/h200/TIMER.md" \
-  --header "Produced by scripts/h200.sh: run A = sweeps with --cross-check dobench,profiler; run B = the same sweeps again, back to back, in a new process."
-python3 scripts/timer_study.py cause "$OUT/study"  # back-to-back methods: scripts/h200-instrument.sh
+LOG=$R/h200/run.log
+mkdir -p "$R/h200"
+mb() {
+  echo "+ moebench $* [$SECONDS s]" | tee -a "$LOG"
+  python3 -m moebench "$@" >>"$LOG" 2>&1
+  echo "  exit $? [$SECONDS s]" | tee -a "$LOG"
+  tar czf "$OUT/h200.tgz" -C "$R" --exclude='*.partial.jsonl' --exclude='*.lock' h200
+}
+mb device --out "$R" --remeasure
+# seed 000 and 001, the faithful kernels beside Megatron's, and the conformance page
+mb sweep count-block --out "$R" --cross-check dobench
+mb sweep act-grid --out "$R" --cross-check dobench
+mb sweep count-grid --out "$R"
+mb sweep act-upstream --out "$R"
+mb conformance "$R/h200/count-grid.json" "$R/h200/act-upstream.json" "$R/h200/act-grid.json" \
+  -o "$R/h200/upstream-conformance"
+mb sweep act-grid-rows --out "$R"
+mb ab count-block --off block_size=1024 --on block_size=128 --arms 4 --iters 5 --out "$R"
+mb ab act-grid-rows --off grid_cap=512 --on grid_cap=8192 --arms 4 --iters 5 --out "$R"
+mb verify count-block --out "$R"
+mb verify act-grid --out "$R"
+mb sweep count-variants --out "$R"
+mb sweep act-variants --out "$R"
+# issue 17: the kernels inside a whole layer step (reads the two ab files above)
+KERNEL_DIR="$R/h200" bash scripts/h200-layer.sh "$R" >>"$LOG" 2>&1; echo "  layer exit $? [$SECONDS s]" | tee -a "$LOG"
+tar czf "$OUT/h200.tgz" -C "$R" --exclude='*.partial.jsonl' --exclude='*.lock' h200
+echo "done [$SECONDS s]" | tee -a "$LOG"

@@ -95,18 +95,23 @@ class Timing:
     clock_retries: int = 0  # re-time a case whose clock fell below clock_drop, after a 1 s pause
     # warm L2: each set also sits at this many - 1 further placements (copies of the same data in
     # fresh memory), all rotated in the graph, as far as the warm L2 budget allows
-    placement_copies: int = 1
+    placement_copies: int = 8
     # Placement groups (issue 16): `groups` graphs, each over its own freshly allocated copies of
     # the input sets, replays interleaved; the estimate is the mean of the group medians and its
     # stated half-width the t-interval over them, so placement luck shows in the uncertainty.
     # `max_groups` (0: = groups) lets a case whose groups disagree add groups until the interval
     # is under target_rel_noise. 1 group is the single-graph timer (median of replays).
-    groups: int = 1
+    groups: int = 4
     max_groups: int = 0
     # caching: input sets come from torch's caching allocator (several small sets share a 2 MiB
     # segment, hence a page); private: every set and copy gets its own memory pool, so no two
     # placements share a segment
-    placement_memory: str = "caching"
+    placement_memory: str = "private"
+    # The defaults above (8 sets x 8 copies in private memory, 4 groups) are the method that won
+    # the H200 study (results/h200/TIMER.md, 2026-11-30): over 5 back-to-back runs, count-block went
+    # from 8 of 20 cases over 3% apart to 1 (the old defaults: 1 group, 1 copy, caching memory),
+    # act-grid from 4 of 28 to 0, and the stated interval covered 80% / 96% of the run pairs
+    # instead of 2% / 11%. It costs about 5x the timing wall time of a count case.
 
 
 @dataclass

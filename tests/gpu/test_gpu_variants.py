@@ -98,6 +98,13 @@ def test_variant_captures_and_replays_bit_exactly(family, variant, gpu_log):
         pytest.skip(f"{family}/{variant}: {e}")
     checked = []
     inexact = None
+    # variants that implement part of their family's shapes: the tiled kernel is SiLU-mul only;
+    # megatron-core's fused MoE arm is a whole squared-ReLU step
+    only = {("act", "tiled"): {"op": "silu_mul_bounded"}, ("layer", "mcore"): {"op": "squared_relu", "scope": "step"}}
+    want = only.get((family, variant), {})
+    shapes = [sh for sh in shapes if all(sh.get(k) == v for k, v in want.items())]
+    if not shapes:
+        pytest.skip(f"{family}/{variant}: no CI shape of the built-in sweeps has {want}")
     for shape in shapes[:MAX_SHAPES]:
         params, _ = fam.resolve(variant, {**shape, **have}, dev, {})
         inp = impl.build_inputs(params, "cuda", 0)
