@@ -348,7 +348,10 @@ class Session:
         """Where the next allocations go: torch's caching allocator, or (timing.placement_memory:
         private, on a GPU) a memory pool of their own, yielded so the caller keeps it alive as
         long as its tensors."""
-        if self.opts.timing.placement_memory != "private" or self.torch_device != "cuda":
+        # untimed (verify): placements do not matter, and a pool used from the background threads
+        # that build verify's inputs trips torch's allocator when the pools are freed (an H200,
+        # torch 2.11: "captures_underway.empty() INTERNAL ASSERT FAILED" at exit)
+        if self.opts.timing.placement_memory != "private" or self.torch_device != "cuda" or not self.opts.time_it:
             yield None
             return
         import torch
