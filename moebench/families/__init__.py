@@ -137,7 +137,7 @@ class FamilySpec:
                  ab_sections: Callable[[list], str] | None = None,
                  layers_per_launch: Callable[[dict], int] | None = None,
                  graph_launches: Callable[[dict, int], int] | None = None,
-                 origin: str = "builtin"):
+                 reference_after_build: bool = False, origin: str = "builtin"):
         """`sections(records)` adds the family's own part to a results page; `ab_sections(records)`
         the same for an `ab` run's page (its records carry timing.ab_side and ab_arm).
         `layers_per_launch(params)`: how many MoE layers one launch covers (1 unless the launch is
@@ -158,6 +158,8 @@ class FamilySpec:
         self.ab_sections = ab_sections
         self.layers_per_launch = layers_per_launch
         self.graph_launches = graph_launches
+        # the reference reads state a variant's builder prepares: never computed ahead of the build
+        self.reference_after_build = reference_after_build
         self.origin = origin
         # the module with the kernels, reference, inputs and variants: a built-in family's
         # kernels.py, or a plugin's own module

@@ -463,3 +463,31 @@ fixed: {tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 
     # per step: the kernel and one step x 48; the 2-layer step is 24 launches of -4 µs
     assert "| layers=1, scope=count | 5.000 | 2.000 |" in md and "| -144.0 µs |" in md
     assert "| layers=2, scope=step | 200.000 | 196.000 | -4.000 |" in md and "one launch per 2 layers" in md
+
+
+@pytest.mark.parametrize("op", ["silu_mul_bounded", "swiglu"])
+def test_the_activation_alone_through_the_session(tmp_path, op):
+    """scope act through Session.run_case, as `ab layer-act` runs it: the reference reads the FC1
+    output the builder writes, so it must come after the build (on the H200 a reference taken
+    first saw no rows in use and failed every row the kernel wrote)."""
+    from moebench.core.cases import expand
+    from moebench.core.session import Options, Session
+    from moebench.core.spec import load_spec
+
+    spec_path = tmp_path / "layer-act.yaml"
+    spec_path.write_text(f"""
+name: layer-act
+family: layer
+model: qwen3-30b-a3b
+variants: [{{variant: step, label: layer}}]
+baseline: {{variant: step, act_variant: legacy}}
+axes: {{act_variant: [legacy, capped]}}
+fixed: {{tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 4, local_expert_start: 4,
+        hidden: 64, ffn: 32, align: 4, count_grid: 4, act_grid_cap: 16, scope: act, op: {op}}}
+""")
+    spec = load_spec(str(spec_path))
+    session = Session(spec, DEV, Options(timing=spec.timing, time_it=False), environ={})
+    recs = [session.run_case(c) for c in expand(spec)]
+    assert [r.status for r in recs] == ["ok", "ok"], [r.error for r in recs]
+    assert all(r.checks["baseline_equal"] for r in recs)
+    assert recs[0].checks["rows_written"] > 0 and recs[0].checks["rows_written"] <= recs[0].checks["rows_in_use"]

@@ -144,6 +144,7 @@ FAMILY = FamilySpec(
     ab_sections=lambda records: conversion_section(records),
     layers_per_launch=layers_per_launch,
     graph_launches=graph_launches,
+    reference_after_build=True,  # scope act: the reference reads the FC1 output the builder wrote
     package=__name__,
 )
 
