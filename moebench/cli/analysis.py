@@ -138,7 +138,10 @@ def ab(
         per_graph = (f"{t.launches_per_graph} launches per graph" if fam.graph_launches is None else
                      f"up to {t.launches_per_graph} launches per graph, fewer where one launch is a whole layer "
                      "step (each record says how many)")
-        timer_text = f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {t.l2}), one median per measurement."
+        method = ("" if t.groups <= 1 else f"; the mean of {t.groups} graph medians, each graph over its own "
+                  f"placements")
+        timer_text = (f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {t.l2}{method}), one such number "
+                      "per measurement.")
 
         def per_launch(p: ABPair) -> int:
             return launch_layers(fam, p.off.params)

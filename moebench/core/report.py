@@ -172,9 +172,7 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     if timed:
         t = prov.get("timing", {})
         noise = [r.timing.get("rel_noise", 0) for r in timed]
-        out.append(f"- Timer: CUDA-graph replay, {t.get('launches_per_graph')} launches per graph, per-launch "
-                   f"median over replays (stop when the median's 95% half-width < {100 * t.get('target_rel_noise', 0):.1f}%"
-                   f" or {t.get('max_seconds')} s); worst achieved ±{100 * max(noise):.2f}%. L2: {t.get('l2')}.")
+        out.append(f"- Timer: {timer_text(t)}; worst achieved ±{100 * max(noise):.2f}%.")
         if c:
             out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "
                        f"{c.get('copy_l2_gbps', 0):,.0f} GB/s L2-resident (bytes read + written); empty kernel "
@@ -256,3 +254,20 @@ def add_baseline_deltas(spec, records: list[Record]) -> None:
         r.work["delta_us"] = round(m - base, 4)
         if layers:
             r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(fam, r.params), 2)
+
+
+def timer_text(t: dict) -> str:
+    """How a number was made, from a results file's timing settings (provenance.timing)."""
+    groups = t.get("groups") or 1
+    sets = t.get("placements")
+    copies = t.get("placement_copies") or 1
+    where = (f"{sets} input sets x {copies} placements each" if copies > 1 else f"{sets} input sets") + (
+        f" in {t.get('placement_memory')} memory" if t.get("placement_memory") else "")
+    stop = (f"the 95% half-width < {100 * (t.get('target_rel_noise') or 0):.1f}% or {t.get('max_seconds')} s")
+    if groups > 1:
+        return (f"CUDA-graph replay, {t.get('launches_per_graph')} launches per graph over {where} (warm L2 "
+                f"rotation: as many as fit), {groups} graphs each over its own freshly allocated placements, "
+                f"replays interleaved; the number is the mean of the {groups} per-graph medians and its stated "
+                f"half-width the t-interval between them (stop when {stop}). L2: {t.get('l2')}")
+    return (f"CUDA-graph replay, {t.get('launches_per_graph')} launches per graph over {where}, per-launch median "
+            f"over replays (stop when {stop}). L2: {t.get('l2')}")

@@ -103,7 +103,7 @@ def markdown_sections(records) -> str:
         leg = next((r for r in rs if r.variant == "legacy"), None)
         seed = next((r for r in rs if r.variant in ("capped", "shipped") and r.launch.get("grid_cap") == _SEED_CAP),
                     None)
-        name = best.label + (f", cap {best.params['grid_cap']}" if best.variant == "capped" and
+        name = best.label + (f", cap {best.params['grid_cap']}" if best.params.get("grid_cap") is not None and
                              str(best.params["grid_cap"]) not in best.label else "")
         ratio = ""
         if leg and seed:
@@ -136,7 +136,7 @@ def floors_and_occupancy(timed) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in timed:
         w = r.work
-        label = r.label + (f" cap {r.params['grid_cap']}" if r.variant == "capped" and
+        label = r.label + (f" cap {r.params['grid_cap']}" if r.params.get("grid_cap") is not None and
                            str(r.params.get("grid_cap")) not in r.label else "")
         note = " ¹" if w.get("floor_note") else ""
         out.append(
