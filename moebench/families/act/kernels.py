@@ -194,22 +194,21 @@ def _silu_mul_tiled_kernel(
 
 
 def act_rows(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
-    """The seed kernel (capacity-bound loop, early exit), any op."""
-    args = (inp.x, inp.out, inp.live, _perm_arg(inp), inp.n_cols, inp.rows)
-    consts = dict(GATED=inp.op in GATED_OPS, PADDED=inp.op in PADDED_OPS, BLOCK_N=block_n, NUM_BLOCKS=num_blocks)
-
-    def launch():
-        _act_rows_kernel[(num_blocks,)](*args, **consts, num_warps=num_warps)
-
-    return launch
+    """The seed kernel (capacity-bound loop, early exit), any op: its last argument is M."""
+    return _rows_launch(_act_rows_kernel, inp, inp.rows, num_blocks, block_n, num_warps)
 
 
 def act_rows_live_bound(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
-    args = (inp.x, inp.out, inp.live, _perm_arg(inp), inp.n_cols, inp.in_cols)
+    """The live-bounded loop, any op: its last argument is the input stride W."""
+    return _rows_launch(_act_rows_live_bound_kernel, inp, inp.in_cols, num_blocks, block_n, num_warps)
+
+
+def _rows_launch(kernel, inp: Inputs, last: int, num_blocks: int, block_n: int, num_warps: int):
+    args = (inp.x, inp.out, inp.live, _perm_arg(inp), inp.n_cols, last)
     consts = dict(GATED=inp.op in GATED_OPS, PADDED=inp.op in PADDED_OPS, BLOCK_N=block_n, NUM_BLOCKS=num_blocks)
 
     def launch():
-        _act_rows_live_bound_kernel[(num_blocks,)](*args, **consts, num_warps=num_warps)
+        kernel[(num_blocks,)](*args, **consts, num_warps=num_warps)
 
     return launch
 
