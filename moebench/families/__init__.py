@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import pkgutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,9 @@ from moebench.core.text import show
 
 REQUIRED = object()
 
-# The built-in families, one folder each; plugins add to the catalogue at run time.
-BUILTIN = ("count", "act", "combine", "layer")
+# The built-in families: every sub-package of this one (a new folder is a new family, nothing to
+# register); plugins add to the catalogue at run time.
+BUILTIN = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg))
 
 
 @dataclass(frozen=True)
