@@ -313,8 +313,6 @@ def use_sources(plugin_files, megatron_lm, interpret: bool | None = None) -> Non
     """Point the upstream imports at a checkout and run the plugin files, before any spec is read.
     A command that runs kernels passes `interpret`: the backend is decided first, since @triton.jit
     in a plugin (or a spec's plugin) reads TRITON_INTERPRET when the file runs."""
-    import os
-
     from moebench.sources import plugins, upstream
 
     if interpret is not None:
