@@ -221,6 +221,57 @@ def cause_child(path: Path) -> None:
                                 "pages": sorted({b.output.data_ptr() >> 21 for b in builts})}))
 
 
+def strata(out: Path, pages: int = 16, offsets: int = 16, stride: int = 4096) -> dict:
+    """Part C, the address law: the case's counters (the buffer its time follows, A5) moved over
+    `offsets` steps of `stride` bytes in each of `pages` fresh 2 MiB segments, everything else
+    fixed; each placement timed alone. Tests the law the strata rely on: slow iff the parity of
+    address bits 12 and 13 differs from the page's own bit, so every 4 consecutive 4 KiB steps
+    hold 2 fast and 2 slow placements in any page."""
+    import dataclasses
+
+    import torch
+
+    from moebench.families.count import kernels as ck
+
+    fam, impl, params, dev = _case()
+    build = fam.builder(CASE["variant"])
+    base = impl.build_inputs(params, "cuda", 0)
+    n = base.counts_buf.numel()
+    keep, rows = [], []
+    for p in range(pages):
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            seg = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")  # <= 1 MiB: a 2 MiB segment of its own
+        keep.append((pool, seg))
+        at = seg.data_ptr()
+        for k in range(offsets):
+            off = k * stride + 0x200  # where the unpadded allocator put counts_buf (A1, A2)
+            buf = seg[off:off + 4 * n].view(torch.int32)
+            buf.copy_(base.counts_buf)
+            inp = dataclasses.replace(base, counts_buf=buf, counts=buf[ck._GUARD:ck._GUARD + params["local_experts"]])
+            b = build(inp, params, dev)
+            b.launch()
+            torch.cuda.synchronize()
+            rows.append({"page": p, "k": k, "ptr": buf.data_ptr(), "page_offset": (at + off) & ((1 << 21) - 1),
+                         "us": _one(b.launch)})
+    pop = population([r["us"] for r in rows])
+    cut = (pop["modes"]["low"] + pop["modes"]["high"]) / 2 if "modes" in pop else pop["mean"]
+    law, quads, page_means = 0, [], []
+    for p in range(pages):
+        mine = [r for r in rows if r["page"] == p]
+        slow = [r["us"] > cut for r in mine]
+        bits = [bin((r["page_offset"] >> 12) & 3).count("1") & 1 for r in mine]
+        law += all(a == b for a, b in zip(slow, bits)) or all(a != b for a, b in zip(slow, bits))
+        page_means.append(statistics.fmean(r["us"] for r in mine))
+        quads += [statistics.fmean(r["us"] for r in mine[i:i + 4]) for i in range(0, len(mine) - 3, 4)]
+    res = {"case": CASE, "device": dev.name, "pages": pages, "offsets": offsets, "stride": stride, "rows": rows,
+           "population": pop, "cut_us": cut, "pages_following_the_law": law,
+           "single_offset_by_page": population([r["us"] for r in rows if r["k"] == 0]),
+           "quad_means": population(quads), "page_means": population(page_means)}
+    (out / "strata.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
 # ----------------------------------------------------------------------------------- Part B
 
 
@@ -337,6 +388,24 @@ def report(out: Path) -> str:
         lines += [f"- Averaging n independent placements leaves an sd of the difference of two runs of "
                   f"sqrt(2) x {n['sd_pct']:.2f}% / sqrt(n) ({pred}); within {SPREAD_TARGET_PCT:g}% at 3 sd from "
                   f"n = {n['for_3pct_at_3sd']}.", ""]
+    st = json.loads((out / "strata.json").read_text()) if (out / "strata.json").exists() else None
+    if st:
+        def pp(p):
+            s = f"{p['n']} values {p['min']:.3f}–{p['max']:.3f} µs, sd {p['sd_pct']:.2f}%"
+            if "modes" in p:
+                m_ = p["modes"]
+                s += f"; modes {m_['low']:.3f} / {m_['high']:.3f} µs ({m_['n_high']} high)"
+            return s
+
+        lines += [f"### The address law (part C): the counters at {st['offsets']} steps of {st['stride']} B in each of "
+                  f"{st['pages']} fresh 2 MiB segments", "",
+                  "| what | per-launch µs |", "|---|---|",
+                  f"| every placement | {pp(st['population'])} |",
+                  f"| one offset, a fresh page each (what free placements draw) | {pp(st['single_offset_by_page'])} |",
+                  f"| the mean of 4 consecutive 4 KiB steps (one stratum cycle) | {pp(st['quad_means'])} |",
+                  f"| the mean of a page's {st['offsets']} steps | {pp(st['page_means'])} |", "",
+                  f"- {st['pages_following_the_law']} of {st['pages']} pages follow the law (slow iff parity of address bits "
+                  f"12 and 13, flipped by the page; cut at {st['cut_us']:.3f} µs).", ""]
     m = json.loads((out / "methods.json").read_text()) if (out / "methods.json").exists() else None
     if m and m.get("results"):
         lines += [f"### Timing methods, {m['runs']} back-to-back runs each (fresh processes)", "",
@@ -367,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["methods-child"]:
         return methods_child(Path(argv[1]), int(argv[2]), Path(argv[3]), json.loads(argv[4]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("cause", "methods", "report"))
+    ap.add_argument("part", choices=("cause", "strata", "methods", "report"))
     ap.add_argument("out", type=Path)
     ap.add_argument("--processes", type=int, default=4)
     ap.add_argument("--runs", type=int, default=5)
@@ -378,6 +447,8 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     if a.part == "cause":
         cause(a.out, a.processes)
+    elif a.part == "strata":
+        strata(a.out)
     elif a.part == "methods":
         methods(a.out, a.runs, a.ceilings, a.deadline, json.loads(a.methods) if a.methods else METHODS)
     print(report(a.out))

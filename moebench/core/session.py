@@ -328,7 +328,7 @@ class Session:
         self._check_memory(case, n)
         sets, pools = [], []
         for i in range(n):
-            with self._placement() as pool:
+            with self._placement(i) as pool:
                 sets.append(self.impl.build_inputs(case.params, self.torch_device, i))
             pools.append(pool)
         return sets, pools
@@ -346,7 +346,7 @@ class Session:
             d.pop(key, None)
 
     @contextmanager
-    def _placement(self):
+    def _placement(self, index: int = 0):
         """Where the next allocations go: torch's caching allocator, or (timing.placement_memory:
         private, on a GPU) a memory pool of their own, yielded so the caller keeps it alive as
         long as its tensors."""
@@ -360,16 +360,21 @@ class Session:
 
         if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
             raise RuntimeError("timing.placement_memory: private needs torch.cuda.MemPool (torch >= 2.6)")
+        t = self.opts.timing
+        k = index % max(1, t.placement_strata)
         pool = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(pool):
-            yield pool
+            # the pad takes the front of the pool's first (2 MiB) segment; the set's small buffers
+            # follow it, k strides further on than in an unpadded pool (timing.placement_strata)
+            pad = torch.empty(k * t.placement_stride, dtype=torch.uint8, device="cuda") if k and t.placement_stride else None
+            yield pool if pad is None else (pool, pad)
 
-    def _copy_set(self, inp) -> tuple[Any, Any]:
+    def _copy_set(self, inp, index: int) -> tuple[Any, Any]:
         """A copy of an input set in fresh memory (views kept as views): the same data at another
-        placement. Returns (copy, its pool or None)."""
+        placement, the `index`-th of its rotation. Returns (copy, its pool or None)."""
         import copy
 
-        with self._placement() as pool:
+        with self._placement(index) as pool:
             return copy.deepcopy(inp), pool
 
     @contextmanager
@@ -504,7 +509,8 @@ class Session:
         touched = getattr(self.impl, "touched_bytes", self.impl.input_bytes)
         fit = (self.device.l2_bytes // 2) // max(1, touched(case.params))
         per_set = max(1, min(t.placement_copies, fit // max(1, len(sets))))
-        return [self._copy_set(s) for s in sets for _ in range(per_set - 1)]
+        copies = [s for s in sets for _ in range(per_set - 1)]
+        return [self._copy_set(s, len(sets) + j) for j, s in enumerate(copies)]
 
     def _occupancy(self, w: dict) -> None:
         d = self.device
@@ -539,7 +545,7 @@ class Session:
         def make_group(g: int) -> list:
             if g == 0:
                 return [b.launch for b in builts]
-            made = [self._copy_set(s) for s in sets]
+            made = [self._copy_set(s, i) for i, s in enumerate(sets)]
             copies.append(made)
             return [rebuild(c).launch for c, _ in made]
 

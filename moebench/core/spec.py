@@ -69,6 +69,8 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "groups": (int, 1, 64),
     "max_groups": (int, 0, 256),
     "placement_memory": (str, None, None),
+    "placement_strata": (int, 1, 64),
+    "placement_stride": (int, 0, 1 << 20),
 }
 L2_MODES = ("warm", "cold")
 PLACEMENT_MEMORY = ("caching", "private")
@@ -107,6 +109,15 @@ class Timing:
     # segment, hence a page); private: every set and copy gets its own memory pool, so no two
     # placements share a segment
     placement_memory: str = "private"
+    # Private placements only: the k-th placement's memory pool starts with a pad of
+    # (k mod placement_strata) x placement_stride bytes, so the small buffers of consecutive
+    # placements sit at offsets that differ in the address bits above the stride. On an H200 a
+    # tiny buffer's (an atomic counter's) time follows a parity of its address bits 12 and 13 and
+    # of its physical page (fast and slow placements 21% apart, results/h200/TIMER.md): 4 KiB
+    # steps make every 4 consecutive placements exactly half fast and half slow, whatever pages
+    # a run draws, where free placements left the mix, and so the mean, to the run's luck.
+    placement_strata: int = 8
+    placement_stride: int = 4096
     # The defaults above (8 sets x 8 copies in private memory, 4 groups) are the method that won
     # the H200 study (results/h200/TIMER.md, 2026-11-30): over 5 back-to-back runs, count-block went
     # from 8 of 20 cases over 3% apart to 1 (the old defaults: 1 group, 1 copy, caching memory),
@@ -695,6 +706,9 @@ def timing_consistency(t: Timing) -> tuple[str, str] | None:
         return "timing.max_replays", f"must be >= min_replays ({t.min_replays}), got {t.max_replays}"
     if t.max_groups and t.max_groups < t.groups:
         return "timing.max_groups", f"must be 0 (= groups) or >= groups ({t.groups}), got {t.max_groups}"
+    if t.placement_stride % 512:
+        # torch's allocator rounds every block to 512 bytes: another stride would not move the buffers by it
+        return "timing.placement_stride", f"must be a multiple of 512 bytes, got {t.placement_stride}"
     return None
 
 
