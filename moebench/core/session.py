@@ -538,7 +538,8 @@ class Session:
 
         t = self.opts.timing
         g_min = max(1, t.groups)
-        g_max = max(g_min, t.max_groups or g_min)
+        # one group is the single-graph timer: no interval between groups to grow it by
+        g_max = max(g_min, t.max_groups or g_min) if g_min > 1 else 1
         keep = "nvbench" in self.opts.cross
         copies: list = list(held or [])  # the copies (and pools) the graphs read: alive while they are
 
@@ -582,10 +583,12 @@ class Session:
             meds = [median(g) for g in samples.groups]
             between = between_groups_rel(meds)
             estimate, rel_noise = mean(meds), max(between, s.rel_noise)
+        within, rel_noise = rel_noise, math.hypot(rel_noise, t.rerun_rel)
         rec.timing.update({
             "median_us": round(estimate, 4),
             "min_us": round(s.min_us, 4), "max_us": round(s.max_us, 4), "q1_us": round(s.q1_us, 4),
             "q3_us": round(s.q3_us, 4), "iqr_us": round(s.iqr_us, 4), "rel_noise": round(rel_noise, 5),
+            "rel_noise_within": round(within, 5), "rerun_rel": t.rerun_rel,
             "n_replays": s.n, "launches_per_graph": samples.launches_per_graph,
             "stopped_by": samples.stopped_by, "timing_wall_s": round(samples.wall_s, 3),
             "sm_clock_start_mhz": clk0["sm_mhz"], "sm_clock_end_mhz": clk1["sm_mhz"],

@@ -70,6 +70,7 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "max_groups": (int, 0, 256),
     "placement_memory": (str, None, None),
     "placement_strata": (int, 1, 64),
+    "rerun_rel": (float, 0.0, 1.0),
     "placement_stride": (int, 0, 1 << 20),
 }
 L2_MODES = ("warm", "cold")
@@ -102,9 +103,11 @@ class Timing:
     # the input sets, replays interleaved; the estimate is the mean of the group medians and its
     # stated half-width the t-interval over them, so placement luck shows in the uncertainty.
     # `max_groups` (0: = groups) lets a case whose groups disagree add groups until the interval
-    # is under target_rel_noise. 1 group is the single-graph timer (median of replays).
+    # is under target_rel_noise (on an H200 the act cases whose few placements per graph (the warm
+    # L2 holds 1-3) split into two modes 4% apart at the graph level need 8-16 groups; a case whose
+    # 4 groups agree stops at 4). 1 group is the single-graph timer (median of replays), never grown.
     groups: int = 4
-    max_groups: int = 0
+    max_groups: int = 16
     # caching: input sets come from torch's caching allocator (several small sets share a 2 MiB
     # segment, hence a page); private: every set and copy gets its own memory pool, so no two
     # placements share a segment
@@ -118,6 +121,12 @@ class Timing:
     # a run draws, where free placements left the mix, and so the mean, to the run's luck.
     placement_strata: int = 8
     placement_stride: int = 4096
+    # The run-to-run component no single run can see, added in quadrature to the stated 95%
+    # half-width (rel_noise; the within-run part stays as rel_noise_within). On an H200 a case's
+    # medians over 5 back-to-back runs had a run sd of median 0.2-0.4%, max 1.2%, while each run's
+    # own placement groups agreed within 0.1% (results/h200/TIMER.md); 0.5% made 95-100% of the
+    # run pairs agree within their stated intervals there, against 76-88% without it.
+    rerun_rel: float = 0.005
     # The defaults above (8 sets x 8 copies in private memory, 4 groups) are the method that won
     # the H200 study (results/h200/TIMER.md, 2026-11-30): over 5 back-to-back runs, count-block went
     # from 8 of 20 cases over 3% apart to 1 (the old defaults: 1 group, 1 copy, caching memory),
@@ -672,6 +681,7 @@ def load_spec(name_or_path: str) -> Spec:
             if problem:
                 L.fail(f"timing.{k}", problem)
             setattr(timing, k, TIMING_KEYS[k][0](v))
+        _follow_groups(timing, t)
         problem = timing_consistency(timing)
         if problem:
             L.fail(*problem)
@@ -698,6 +708,12 @@ def timing_problem(key: str, v: Any) -> str | None:
     if (lo is not None and not lo <= v) or (hi is not None and not v <= hi):  # refuses NaN too
         return f"must be between {lo:g} and {hi:g}, got {show(v)}"
     return None
+
+
+def _follow_groups(t: Timing, given) -> None:
+    """`groups` set above the default `max_groups`, which was not set: the cap follows."""
+    if "groups" in given and "max_groups" not in given and t.max_groups and t.max_groups < t.groups:
+        t.max_groups = t.groups
 
 
 def timing_consistency(t: Timing) -> tuple[str, str] | None:
@@ -735,6 +751,7 @@ def apply_timing_overrides(timing: Timing, text: str) -> list[str]:
             raise UsageError(f"--timing {key}: {problem}")
         setattr(timing, key, TIMING_KEYS[key][0](value))
         done.append(key)
+    _follow_groups(timing, done)
     problem = timing_consistency(timing)
     if problem:
         raise UsageError(f"--timing: {problem[0]} {problem[1]}")

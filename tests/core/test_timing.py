@@ -125,7 +125,8 @@ def test_the_session_reports_the_mean_of_group_medians_with_their_interval(monke
     def fake_time_groups(make_group, **kw):
         for g in range(kw["min_groups"]):
             made.append(make_group(g))
-        assert kw["enough"] is None and kw["max_groups"] == 3
+        assert kw["max_groups"] == 16 and kw["enough"] is not None  # a case whose groups disagree adds groups
+        assert kw["enough"]([[2.0] * 30] * 3) and not kw["enough"]([[2.0] * 30, [2.2] * 30, [2.1] * 30])
         return T.Samples([x for g in groups for x in g], kw["launches_per_graph"], 90, 0.01, "noise", groups)
 
     monkeypatch.setattr(T, "time_groups", fake_time_groups)
@@ -144,7 +145,10 @@ def test_the_session_reports_the_mean_of_group_medians_with_their_interval(monke
     t = rec.timing
     assert t["median_us"] == pytest.approx(2.1) and t["groups"] == 3 and t["estimator"] == "mean of group medians"
     assert t["group_medians_us"] == [2.0, 2.2, 2.1]
-    assert t["rel_noise"] == pytest.approx(between_groups_rel([2.0, 2.2, 2.1]), abs=1e-5)
+    within = between_groups_rel([2.0, 2.2, 2.1])
+    assert t["rel_noise_within"] == pytest.approx(within, abs=1e-5)
+    # the stated half-width: the within-run interval and the run-to-run component in quadrature
+    assert t["rerun_rel"] == 0.005 and t["rel_noise"] == pytest.approx(math.hypot(within, 0.005), abs=1e-5)
     assert "x 3 groups" in t["l2"]
     # groups past the first time fresh copies of the same inputs: equal data, other memory
     assert len(made) == 3 and len(rebuilt) == 2 * len(sets)
@@ -161,6 +165,8 @@ def test_timing_overrides_and_their_errors(tmp_path, capsys):
     assert apply_timing_overrides(spec.timing, "groups=4, max_groups=8,placement_memory=private,max_seconds=0.5") == \
         ["groups", "max_groups", "placement_memory", "max_seconds"]
     assert (spec.timing.groups, spec.timing.max_groups, spec.timing.placement_memory) == (4, 8, "private")
+    apply_timing_overrides(spec.timing, "groups=20")  # above the cap, which was not given: the cap follows
+    assert (spec.timing.groups, spec.timing.max_groups) == (20, 20)
     for bad, says in [("groups=0", "between 1 and 64"), ("placement_memory=shared", "caching, private"),
                       ("grups=2", "did you mean 'groups'"), ("groups=4,max_groups=2", "max_groups"),
                       ("groups", "expected KEY=VALUE")]:
