@@ -11,8 +11,9 @@
 #   2 the GPU suite (scripts/gpu-tests.sh)
 #   3 run A: sweep count-block and act-grid with --cross-check dobench,nvbench,profiler
 #     (nvbench only where `import cuda.bench` works; the reason is in env.txt otherwise)
-#   4 the run-to-run cause study (scripts/timer_study.py cause)
-#   5 back-to-back runs per timing method (scripts/timer_study.py methods: 5 runs, or what fits)
+#   4 the run-to-run cause study (scripts/timer_study.py cause, strata), with STUDY_CAUSE=1
+#   5 back-to-back runs of the default method (scripts/timer_study.py methods: 5 runs, or what fits;
+#     METHODS='{"name": "timing settings", ...}' for candidates)
 #   6 the wall-time profile of sweep and verify (scripts/wall_profile.py), in what is left
 #
 # nvbench comes as a wheel (the device has no registry). Here, once, in the repository root:
@@ -79,14 +80,17 @@ MOEBENCH_NVBENCH_DIR=$W/nvbench-count-block step 150 runA-count-block \
 MOEBENCH_NVBENCH_DIR=$W/nvbench-act-grid step 180 runA-act-grid \
   python3 -m moebench sweep act-grid --out "$W/A" --cross-check "$CROSS"
 
-# 4 the cause of the run-to-run outlier
-step 150 study-cause python3 scripts/timer_study.py cause "$W/study" --processes 4
+# 4 the cause of the run-to-run outlier and the address law (STUDY_CAUSE=1; results/h200/instrument/ has them)
+if [ "${STUDY_CAUSE:-0}" = 1 ]; then
+  step 150 study-cause python3 scripts/timer_study.py cause "$W/study" --processes 4
+  step 60 study-strata python3 scripts/timer_study.py strata "$W/study"
+fi
 
 # 5 back-to-back runs per timing method, as many as fit before the wall profile's reserve
 WALL_RESERVE=80
 DEADLINE=$(( $(left) - WALL_RESERVE - 20 ))
 step $(( DEADLINE > 60 ? DEADLINE + 60 : 120 )) study-methods python3 scripts/timer_study.py methods "$W/study" \
-  --runs 5 --ceilings "${CEIL:-/nonexistent}" --deadline "$DEADLINE"
+  --runs 5 --ceilings "${CEIL:-/nonexistent}" --deadline "$DEADLINE" --methods "${METHODS:-{\"current\": \"\"}}"
 python3 scripts/timer_study.py report "$W/study" >/dev/null 2>&1
 
 # 6 where each command's time goes (Triton's cache is warm from the steps above; verify act-grid

@@ -551,7 +551,7 @@ class Session:
             return [rebuild(c).launch for c, _ in made]
 
         def enough(groups: list[list[float]]) -> bool:
-            return between_groups_rel([median(x) for x in groups]) < t.target_rel_noise
+            return between_groups_rel([median(x) for x in groups]) < t.groups_rel_noise
 
         retimed = 0
         while True:

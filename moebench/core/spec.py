@@ -71,6 +71,7 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "placement_memory": (str, None, None),
     "placement_strata": (int, 1, 64),
     "rerun_rel": (float, 0.0, 1.0),
+    "groups_rel_noise": (float, 0.0, 1.0),
     "placement_stride": (int, 0, 1 << 20),
 }
 L2_MODES = ("warm", "cold")
@@ -103,11 +104,12 @@ class Timing:
     # the input sets, replays interleaved; the estimate is the mean of the group medians and its
     # stated half-width the t-interval over them, so placement luck shows in the uncertainty.
     # `max_groups` (0: = groups) lets a case whose groups disagree add groups until the interval
-    # is under target_rel_noise (on an H200 the act cases whose few placements per graph (the warm
-    # L2 holds 1-3) split into two modes 4% apart at the graph level need 8-16 groups; a case whose
-    # 4 groups agree stops at 4). 1 group is the single-graph timer (median of replays), never grown.
+    # is under groups_rel_noise, as far as max_seconds allows (on an H200 the act cases whose graphs
+    # split into two modes ~4% apart add groups; a case whose 4 groups agree stops at 4). 1 group
+    # is the single-graph timer (median of replays), never grown.
     groups: int = 4
     max_groups: int = 16
+    groups_rel_noise: float = 0.01  # add groups while the interval between them is wider (within max_seconds)
     # caching: input sets come from torch's caching allocator (several small sets share a 2 MiB
     # segment, hence a page); private: every set and copy gets its own memory pool, so no two
     # placements share a segment

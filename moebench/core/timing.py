@@ -79,13 +79,14 @@ def time_groups(
     keep: bool = False,
 ) -> Samples:
     """Time one graph per group of closures, `make_group(g)` giving group g's closures (each group
-    its own buffer placements). A round replays every graph `batch` times in turn, so a drift in
-    the device's state lands on all groups alike.
+    its own buffer placements). A round replays, `batch` times each and in turn, every group that
+    still needs samples (fewer than `min_replays`, or `stop(group)` false: its own noise too high),
+    so a drift in the device's state lands on those groups alike.
 
-    Once every group has `min_replays` samples and `stop(group)` holds for each (its own noise is
-    low enough), `enough(groups)` decides: stop, or add a group (up to `max_groups`) and go on.
-    Without `enough` the groups present are enough. A replay cap per group or the time cap ends the
-    run earlier. With `keep` the graphs stay alive in the result (for a later cross-check)."""
+    When no group needs samples, `enough(groups)` decides: stop, or add a group (up to
+    `max_groups`, and only within `max_seconds`) and go on. Without `enough` the groups present are
+    enough. A replay cap per group or the time cap ends the run earlier. With `keep` the graphs
+    stay alive in the result (for a later cross-check)."""
     torch = _torch()
     graphs: list = []
     groups: list[list[float]] = []
@@ -99,6 +100,9 @@ def time_groups(
         graphs.append(g)
         groups.append([])
 
+    def needs(got: list[float]) -> bool:
+        return len(got) < max_replays and (len(got) < min_replays or stop is None or not stop(got))
+
     for _ in range(max(1, min_groups)):
         add()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
@@ -106,10 +110,26 @@ def time_groups(
     t0 = time.perf_counter()
     stopped_by = "max_replays"
     while True:
-        for graph, got in zip(graphs, groups):
+        active = [(graph, got) for graph, got in zip(graphs, groups) if needs(got)]
+        if not active:
+            if all(len(g) >= max_replays for g in groups):
+                break
+            if enough is None or enough(groups):
+                stopped_by = "noise"
+                break
+            if len(graphs) >= max_groups:
+                stopped_by = "max_groups"
+                break
+            if time.perf_counter() - t0 > max_seconds:
+                stopped_by = "max_seconds"
+                break
+            add()
+            continue
+        if time.perf_counter() - t0 > max_seconds and all(len(g) >= min_replays for g in groups):
+            stopped_by = "max_seconds"
+            break
+        for graph, got in active:
             n = min(batch, max_replays - len(got))
-            if n <= 0:
-                continue
             for i in range(n):
                 starts[i].record()
                 graph.replay()
@@ -118,21 +138,6 @@ def time_groups(
             new = [starts[i].elapsed_time(ends[i]) * 1e3 / launches_per_graph for i in range(n)]
             got.extend(new)
             order.extend(new)
-        if all(len(g) >= min_replays for g in groups):
-            if stop is not None and all(stop(g) for g in groups):
-                if enough is None or enough(groups):
-                    stopped_by = "noise"
-                    break
-                if len(graphs) < max_groups:
-                    add()
-                    continue
-                stopped_by = "max_groups"
-                break
-            if time.perf_counter() - t0 > max_seconds:
-                stopped_by = "max_seconds"
-                break
-        if all(len(g) >= max_replays for g in groups):
-            break
     wall = time.perf_counter() - t0
     kept = graphs if keep else []
     del graphs

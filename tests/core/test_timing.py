@@ -94,6 +94,21 @@ def test_groups_are_interleaved_and_added_until_they_agree(monkeypatch):
     assert s.per_launch_us[:20] == s.groups[0][:20] and s.per_launch_us[20:40] == s.groups[1][:20]
 
 
+def test_only_groups_that_need_samples_replay_and_growth_stops_at_the_time_cap(monkeypatch):
+    # group 0 is quiet, group 1 noisy for its first 60 replays: group 0 stops at min_replays while
+    # group 1 goes on; groups that never agree are added only while max_seconds lasts
+    fake_timer(monkeypatch, [lambda i: 400.0, lambda i: 400.0 * (1 + (i % 2) * (i < 60))] + [lambda i: 400.0] * 14)
+    s = T.time_groups(lambda g: [lambda: None], min_groups=2, max_groups=2, warmup=1, min_replays=20, batch=20,
+                      stop=noise_below(0.005))
+    assert s.stopped_by == "noise" and len(s.groups[0]) == 20 and len(s.groups[1]) > 20
+    fake_timer(monkeypatch, [lambda i, g=g: 200.0 * (1 + g % 2) for g in range(16)])
+    clock = iter(range(0, 10**6))
+    monkeypatch.setattr(T.time, "perf_counter", lambda: float(next(clock)))
+    s = T.time_groups(lambda g: [lambda: None], min_groups=2, max_groups=16, warmup=1, min_replays=20,
+                      max_seconds=5.5, stop=noise_below(0.005), enough=lambda gs: False)
+    assert s.stopped_by == "max_seconds" and 2 < len(s.groups) < 16
+
+
 def test_group_cap_and_time_cap(monkeypatch):
     fake_timer(monkeypatch, [lambda i, p=p: 200 * p for p in (1.0, 2.0, 1.0, 2.0)])
     s = T.time_groups(lambda g: [lambda: None], min_groups=2, max_groups=4, warmup=1, stop=noise_below(0.005),
