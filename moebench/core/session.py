@@ -603,6 +603,7 @@ class Session:
         self._floors(rec, estimate, builts)
         self._cross(rec, builts)
         if keep:
+            del copies[len(held or []) + len(samples.graphs) - 1:]  # those of the graphs not kept
             key = shape_key(case, self.fam.shape_params)
             self._kept[case.id] = {"graphs": samples.graphs, "builts": builts, "copies": copies,
                                    "pools": self._pools.get(key), "launches": samples.launches_per_graph}
@@ -687,8 +688,10 @@ class Session:
             for rec, _ in todo:
                 rec.cross["cross_error"] = f"nvbench: {_one_line(e)}"
             results = []
-        for (rec, _), got in zip(todo, results):
-            m = rec.timing["median_us"]
+        for (rec, k), got in zip(todo, results):
+            # against the same graphs: the mean of the kept groups' medians (the first `groups`)
+            meds = rec.timing.get("group_medians_us") or [rec.timing["median_us"]]
+            m = mean(meds[:len(k["graphs"])])
             if got.get("batch_us"):
                 rec.cross["nvbench_batch_us"] = round(got["batch_us"], 4)
                 rec.cross["nvbench_delta_pct"] = round(100 * (m - got["batch_us"]) / got["batch_us"], 2)

@@ -139,7 +139,9 @@ def time_groups(
             got.extend(new)
             order.extend(new)
     wall = time.perf_counter() - t0
-    kept = graphs if keep else []
+    # kept for a later cross-check: the first min_groups graphs only (groups added past them would
+    # hold every case's extra placements in memory until the end of the sweep)
+    kept = graphs[:max(1, min_groups)] if keep else []
     del graphs
     return Samples(order, launches_per_graph, len(order), wall, stopped_by, groups, kept)
 
