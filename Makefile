@@ -30,14 +30,14 @@ sweep: install
 	$(BIN)/moebench sweep $(SWEEP) $(ARGS)
 
 unit: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto
 
 $(VENV)/triton-old/.installed: $(BIN)/.installed
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/triton-old $(TRITON_OLD)
 	touch $@
 
 compat: $(VENV)/triton-old/.installed
-	PYTHONPATH=$(VENV)/triton-old $(BIN)/python -m pytest -q -p no:cacheprovider tests/families
+	PYTHONPATH=$(VENV)/triton-old $(BIN)/python -m pytest -q -p no:cacheprovider -n auto tests/families
 
 smoke: install
 	rm -rf $(SMOKE)
