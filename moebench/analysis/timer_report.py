@@ -46,7 +46,11 @@ def timing_label(t: dict) -> str:
     """The placement method of a run's timing settings, in words."""
     g, mx = t.get("groups", 1), t.get("max_groups", 0) or t.get("groups", 1)
     groups = f"{g} group{'s' if g > 1 else ''}" + (f" (up to {mx})" if mx > g else "")
-    return f"{t.get('placements', 8)} placements x {groups}, {t.get('placement_memory', 'caching')} memory"
+    copies = t.get("placement_copies") or 1
+    strata = t.get("placement_strata") or 1
+    return (f"{t.get('placements', 8)} sets" + (f" x {copies} placements" if copies > 1 else "") + f" x {groups}, "
+            f"{t.get('placement_memory', 'caching')} memory" + (f", {strata} strata" if strata > 1 else "")
+            + (f", rerun component {100 * t['rerun_rel']:.1f}%" if t.get("rerun_rel") else ""))
 
 
 def _timed_in_all(loaded: list) -> list[list[Record]]:

@@ -259,15 +259,23 @@ def add_baseline_deltas(spec, records: list[Record]) -> None:
 def timer_text(t: dict) -> str:
     """How a number was made, from a results file's timing settings (provenance.timing)."""
     groups = t.get("groups") or 1
+    most = max(groups, t.get("max_groups") or groups)
     sets = t.get("placements")
     copies = t.get("placement_copies") or 1
     where = (f"{sets} input sets x {copies} placements each" if copies > 1 else f"{sets} input sets") + (
         f" in {t.get('placement_memory')} memory" if t.get("placement_memory") else "")
+    strata = t.get("placement_strata") or 1
+    if t.get("placement_memory") == "private" and strata > 1 and t.get("placement_stride"):
+        where += f", placement k offset (k mod {strata}) x {t['placement_stride']} B into its pool"
     stop = (f"the 95% half-width < {100 * (t.get('target_rel_noise') or 0):.1f}% or {t.get('max_seconds')} s")
+    rerun = t.get("rerun_rel") or 0
+    plus = f", plus a {100 * rerun:.1f}% run-to-run component in quadrature" if rerun else ""
     if groups > 1:
+        grow = (f" (up to {most} while their interval is over {100 * (t.get('groups_rel_noise') or 0):.1f}%)"
+                if most > groups else "")
         return (f"CUDA-graph replay, {t.get('launches_per_graph')} launches per graph over {where} (warm L2 "
-                f"rotation: as many as fit), {groups} graphs each over its own freshly allocated placements, "
-                f"replays interleaved; the number is the mean of the {groups} per-graph medians and its stated "
-                f"half-width the t-interval between them (stop when {stop}). L2: {t.get('l2')}")
+                f"rotation: as many as fit), {groups} graphs{grow} each over its own freshly allocated placements, "
+                f"replays interleaved; the number is the mean of the per-graph medians and its stated "
+                f"half-width the t-interval between them{plus} (stop when {stop}). L2: {t.get('l2')}")
     return (f"CUDA-graph replay, {t.get('launches_per_graph')} launches per graph over {where}, per-launch median "
-            f"over replays (stop when {stop}). L2: {t.get('l2')}")
+            f"over replays{plus} (stop when {stop}). L2: {t.get('l2')}")

@@ -40,7 +40,7 @@ def test_spread_coverage_and_cross_check_columns(tmp_path):
     text = TR.build([tmp_path / r for r in "abc"], ["s"], "h200")
     assert "1 of 2 cases over 3%" in text and "pairs of runs within their combined interval: 4 of 6" in text
     assert "vs nvbench batch (run 1): median |Δ| 0.50%" in text and "5.00% ✗" in text
-    assert "8 placements x 4 groups, private memory" in text
+    assert "8 sets x 4 groups, private memory" in text  # prov: 8 sets, no copies, no strata given
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in table}) == 1  # header, rule and rows have the same cells
     assert TR.covered(Record("s", "f", "x", "v", "v", "ok", timing={"median_us": 1.0, "rel_noise": 0.0}),

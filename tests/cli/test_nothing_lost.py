@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from clirun import interrupt_after, run_cli, small_count_spec
+from moebench.core import records
 from moebench.core.records import OutputLock, Record, load_results, read_stream
 from moebench.core.session import Session
 
@@ -165,6 +166,7 @@ def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_written(tmp_path, ca
     spec, out = spec_file(tmp_path), tmp_path / "r"
     with monkeypatch.context() as m:
         m.setattr(os, "fsync", fsync)
+        m.setattr(records, "FSYNC_EVERY_S", 0.0)  # every record synced: the failure lands on the fourth
         code, _, err = sweep(capsys, spec, out)
     assert code == 2 and "No space left on device" in err and "--resume" in err and one_line(err)
     assert len(stream_records(out / DEV / "small.partial.jsonl")) == 4
