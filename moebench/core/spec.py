@@ -116,11 +116,11 @@ class Timing:
     placement_memory: str = "private"
     # Private placements only: the k-th placement's memory pool starts with a pad of
     # (k mod placement_strata) x placement_stride bytes, so the small buffers of consecutive
-    # placements sit at offsets that differ in the address bits above the stride. On an H200 a
-    # tiny buffer's (an atomic counter's) time follows a parity of its address bits 12 and 13 and
-    # of its physical page (fast and slow placements 21% apart, results/h200/TIMER.md): 4 KiB
-    # steps make every 4 consecutive placements exactly half fast and half slow, whatever pages
-    # a run draws, where free placements left the mix, and so the mean, to the run's luck.
+    # placements sit at offsets that differ in the address bits above the stride, instead of all
+    # at one offset of their 2 MiB segments. On an H200 a tiny buffer's (an atomic counter's) time
+    # depends on its address (the L2 slice): over 4 KiB steps of one segment the count case read
+    # 3.50-4.03 µs; the mean of 4 consecutive steps had an sd of 1.34% against 4.20% for one
+    # offset per fresh segment (results/h200/TIMER.md, "The address law").
     placement_strata: int = 8
     placement_stride: int = 4096
     # The run-to-run component no single run can see, added in quadrature to the stated 95%
@@ -129,11 +129,11 @@ class Timing:
     # own placement groups agreed within 0.1% (results/h200/TIMER.md); 0.5% made 95-100% of the
     # run pairs agree within their stated intervals there, against 76-88% without it.
     rerun_rel: float = 0.005
-    # The defaults above (8 sets x 8 copies in private memory, 4 groups) are the method that won
-    # the H200 study (results/h200/TIMER.md, 2026-11-30): over 5 back-to-back runs, count-block went
-    # from 8 of 20 cases over 3% apart to 1 (the old defaults: 1 group, 1 copy, caching memory),
-    # act-grid from 4 of 28 to 0, and the stated interval covered 80% / 96% of the run pairs
-    # instead of 2% / 11%. It costs about 5x the timing wall time of a count case.
+    # The defaults above (8 sets x 8 copies in private memory with strata, 4 groups grown up to
+    # 16, a 0.5% run-to-run component) are the method of results/h200/TIMER.md (2026-11-30): over
+    # six back-to-back runs on one H200 every case of count-block stayed within 0.94% and of
+    # act-grid within 2.28%, and 100% / 97% of the run pairs agreed within their stated intervals.
+    # It costs wall time: about 5x the timing of the single-graph timer on a count case.
 
 
 @dataclass
