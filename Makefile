@@ -13,7 +13,7 @@ TORCH_CPU ?= torch==2.13.0
 TRITON_OLD ?= triton==3.6.0
 SWEEP   ?= count-block
 
-.PHONY: install sweep test unit compat smoke h200 h200-layer clean
+.PHONY: install sweep test unit compat smoke smoke-count smoke-act h200 h200-layer clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,20 +39,30 @@ $(VENV)/triton-old/.installed: $(BIN)/.installed
 compat: $(VENV)/triton-old/.installed
 	PYTHONPATH=$(VENV)/triton-old $(BIN)/python -m pytest -q -p no:cacheprovider -n auto tests/families tests/core/test_interpret.py
 
+# two chains of CLI runs, one per core (each command is a single-threaded interpreter run)
 smoke: install
 	rm -rf $(SMOKE)
 	$(BIN)/moebench validate sweeps/*.yaml
+	$(MAKE) --no-print-directory -j2 smoke-count smoke-act
+	test -f $(SMOKE)/host/combine-lds-quick.json  # one layout for every family: OUT/<device>/NAME.*
+
+smoke-count: install
 	$(BIN)/moebench sweep count-block --quick --out $(SMOKE)
 	$(BIN)/moebench verify count-block --quick --out $(SMOKE)
 	$(BIN)/moebench sweep count-variants --quick --out $(SMOKE)
+	$(BIN)/moebench sweep layer --quick --out $(SMOKE)
+
+smoke-act: install
 	$(BIN)/moebench sweep act-variants --quick --out $(SMOKE)
 	$(BIN)/moebench sweep act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
-	$(BIN)/moebench sweep layer --quick --out $(SMOKE)
-	test -f $(SMOKE)/host/combine-lds-quick.json  # one layout for every family: OUT/<device>/NAME.*
 
-test: unit compat smoke
+# the triton 3.6 download overlaps the unit suite
+test: install
+	$(MAKE) --no-print-directory -j2 unit $(VENV)/triton-old/.installed
+	$(MAKE) --no-print-directory compat
+	$(MAKE) --no-print-directory smoke
 
 # GPU only, a benchmark, not a test: every result under results/h200/ (TIMER.md included) from one
 # device session; copy $(OUT)/A/h200/* into results/h200/ afterwards.
