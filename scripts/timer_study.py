@@ -16,6 +16,9 @@ One run of this script says why and which timing method fixes it.
         and in --processes fresh processes each: the current method's estimate (8 consecutive sets
         in one graph) and the spread of 16 private placements (what a new process draws).
         It ends with what averaging n independent placements would leave between two runs.
+    python3 scripts/timer_study.py strata OUT
+        Part C, the address law: the counters alone moved over 16 steps of 4 KiB in each of 16
+        fresh 2 MiB segments, each placement timed alone (what timing.placement_strata relies on).
     python3 scripts/timer_study.py methods OUT --ceilings DEVICE.json [--runs 5] [--deadline S]
         Part B, the remedy: RUNS fresh processes, one after the other, each running `sweep
         count-block` and `sweep act-grid` (the CLI's own code, in process) under every candidate
