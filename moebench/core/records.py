@@ -8,9 +8,10 @@ How a run keeps what it finished (`ResultsWriter`):
 
 - Each finished record is appended to ``OUT/<device>/NAME.partial.jsonl`` and flushed to the OS
   before the next case starts, and fsynced at most every FSYNC_EVERY_S (and at the end): a
-  killed process loses nothing flushed; a machine that crashes, at most that second. That stream is the source of truth for ``--resume`` whatever ``--format``
-  says: a run killed at any moment (SIGKILL, a full disk) loses at most the case in flight and a
-  torn last line, which the next reader drops (cutting the file back to its last complete line).
+  killed process loses nothing flushed; a machine that crashes, at most that second. That stream
+  is the source of truth for ``--resume`` whatever ``--format`` says: a run killed at any moment
+  (SIGKILL, a full disk) loses at most the case in flight and a torn last line, which the next
+  reader drops (cutting the file back to its last complete line).
 - The final files (csv, json, md, parquet) are written whole to a temporary file and renamed over
   the old one, with the user's umask. A complete run then removes the stream; an interrupted run
   keeps it beside its INCOMPLETE files.

@@ -665,7 +665,7 @@ class Session:
         try:
             v = dobench_cudagraph_us(all_sets) / len(fns)
             # against the same placements: with placement groups, group 0's median
-            mine = (rec.timing.get("group_medians_us") or [rec.timing["median_us"]])[0]
+            mine = _group_medians(rec)[0]
             rec.cross["dobench_us"] = round(v, 4)
             rec.cross["dobench_delta_pct"] = round(100 * (mine - v) / v, 2)
         except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timing stands
@@ -694,8 +694,7 @@ class Session:
             results = []
         for (rec, k), got in zip(todo, results):
             # against the same graphs: the mean of the kept groups' medians (the first `groups`)
-            meds = rec.timing.get("group_medians_us") or [rec.timing["median_us"]]
-            m = mean(meds[:len(k["graphs"])])
+            m = mean(_group_medians(rec)[:len(k["graphs"])])
             if got.get("batch_us"):
                 rec.cross["nvbench_batch_us"] = round(got["batch_us"], 4)
                 rec.cross["nvbench_delta_pct"] = round(100 * (m - got["batch_us"]) / got["batch_us"], 2)
@@ -724,20 +723,25 @@ class Session:
             if case is None or rec.status != "ok" or rec.timing.get("median_us") is None:
                 continue
             try:
-                fns, _ = self._profiled.pop(rec.case_id, (None, None))
+                fns, held = self._profiled.pop(rec.case_id, (None, None))  # held: the copies fns read
                 if fns is None:  # resumed or timed elsewhere: the case's input sets
                     params, _ = resolve(self.spec, case, self.device, self.environ)
                     builder = self.fam.builder(case.variant)
                     fns = [builder(s, params, self.device).launch for s in self.inputs(case)]
                     mine = rec.timing["median_us"]
                 else:  # against the same placements: with placement groups, group 0's median
-                    mine = (rec.timing.get("group_medians_us") or [rec.timing["median_us"]])[0]
+                    mine = _group_medians(rec)[0]
                 v = profiler_kernel_us(fns, self.launches_per_graph(case))
                 if v is not None:
                     rec.cross["kernel_us"] = round(v, 4)
                     rec.cross["node_gap_us"] = round(mine - v, 4)
             except Exception as e:  # noqa: BLE001
                 rec.cross["cross_error"] = _one_line(e)
+
+
+def _group_medians(rec: Record) -> list[float]:
+    """The per-graph medians of a timed record (its one median for the single-graph timer)."""
+    return rec.timing.get("group_medians_us") or [rec.timing["median_us"]]
 
 
 def _one_line(e: BaseException) -> str:
