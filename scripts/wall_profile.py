@@ -81,13 +81,32 @@ def child(out_json: Path, argv: list[str]) -> None:
     from moebench import cli
 
     code = 0
+    prof = None
+    if os.environ.get("WALL_PROFILE_CPROFILE"):
+        import cProfile
+
+        prof = cProfile.Profile()
     t_cmd = time.perf_counter()
     sys.argv = ["moebench", *argv]
     try:
+        if prof is not None:
+            prof.enable()
         cli.main()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
+    finally:
+        if prof is not None:
+            prof.disable()
     end = time.perf_counter()
+    if prof is not None:  # the command's functions (imports excluded), by cumulative and by own time
+        import io
+        import pstats
+
+        buf = io.StringIO()
+        st = pstats.Stats(prof, stream=buf)
+        st.sort_stats("cumulative").print_stats(60)
+        st.sort_stats("tottime").print_stats(40)
+        out_json.with_suffix(".cprofile.txt").write_text(buf.getvalue())
     out_json.write_text(json.dumps({"argv": argv, "exit": code, "child_s": end - t0, "command_s": end - t_cmd,
                                     "imports": imports, "stages": stages}))
 
@@ -114,7 +133,7 @@ def profile(command: str, out: Path, ceilings: Path | None, extra: list[str]) ->
         shutil.copy(ceilings, run_out / ceilings.parent.name / "device.json")
     argv += ["--out", str(run_out), *extra]
     cache_before = triton_cache()
-    meas = out / f"child-{slug}.json"
+    meas = out / f"child-{slug}-{time.strftime('%H%M%S')}.json"
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--child", str(meas), "--", *argv], cwd=ROOT,
                           capture_output=True, text=True)
@@ -173,7 +192,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ceilings", type=Path, help="a device.json to reuse (copied under each command's --out)")
     ap.add_argument("--repeat", type=int, default=1, help="run each command this many times")
     ap.add_argument("--extra", default="", help="arguments added to every command")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="also run each command under cProfile (OUT/child-*.cprofile.txt); its own overhead "
+                         "inflates the whole-command times, so profile and time in separate runs")
     a = ap.parse_args(argv)
+    if a.cprofile:
+        os.environ["WALL_PROFILE_CPROFILE"] = "1"
     a.out.mkdir(parents=True, exist_ok=True)
     recs = []
     for command in a.commands:

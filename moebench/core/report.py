@@ -45,7 +45,7 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
         # a parameter fixed by each variant entry is part of its label, not a reason to split tables
         others = [c for c in others if not (df.groupby("label")[c].nunique(dropna=True) <= 1).all()]
 
-    def cell(r: pd.Series) -> Any:
+    def cell(r: dict) -> Any:
         if r["status"] != "ok":
             return STATUS_MARK.get(r["status"], r["status"])
         v = r[metric]
@@ -60,7 +60,8 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
         col = cols if cols in g.columns else "label"
         row_vals = ordered(tuple(t) for t in g[idx].itertuples(index=False, name=None))
         col_vals = ordered((v,) for v in g[col])
-        cells = {(tuple(r[i] for i in idx), r[col]): cell(r) for _, r in g.iterrows()}
+        need = list(dict.fromkeys([*idx, col, "status", metric]))
+        cells = {(tuple(r[i] for i in idx), r[col]): cell(r) for r in g[need].to_dict("records")}
         data = [[cells.get((rv, cv[0])) for cv in col_vals] for rv in row_vals]
         shown = [tuple(_label(x) for x in rv) for rv in row_vals]
         index = pd.MultiIndex.from_tuples(shown, names=idx) if len(idx) > 1 else pd.Index(

@@ -16,6 +16,7 @@ triton's do_bench_cudagraph, the PyTorch profiler's kernel time, and NVIDIA's nv
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -44,8 +45,13 @@ def _torch():
     return torch
 
 
-def capture(fns: Sequence[Launch], launches: int, warmup: int):
-    """Warm up on a side stream, then capture `launches` launches into one CUDA graph."""
+def capture(fns: Sequence[Launch], launches: int, warmup: int, fresh: bool = True):
+    """Warm up on a side stream (`warmup` rounds of every closure), then capture `launches`
+    launches into one CUDA graph. `fresh`: before capturing, collect garbage and hand the
+    allocator's free cached blocks back to the driver, as `torch.cuda.graph` does on entering.
+    `time_groups` does that for a case's first graph only: its further graphs come right after,
+    with nothing freed in between, and on an H200 the collections alone took ~0.9 s of
+    count-block's 4.8 s of timing (results/h200/TIMER.md)."""
     torch = _torch()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -55,10 +61,17 @@ def capture(fns: Sequence[Launch], launches: int, warmup: int):
                 f()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    if fresh:
+        gc.collect()
+        torch.cuda.empty_cache()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        for i in range(launches):
-            fns[i % len(fns)]()
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            for i in range(launches):
+                fns[i % len(fns)]()
+        finally:
+            graph.capture_end()
     torch.cuda.synchronize()
     return graph
 
@@ -93,7 +106,11 @@ def time_groups(
     order: list[float] = []
 
     def add() -> None:
-        g = capture(make_group(len(graphs)), launches_per_graph, warmup)
+        # the first graph warms its closures `warmup` rounds (the case's first launches of its
+        # placements); a further group's closures are the same kernels, compiled and loaded, over
+        # fresh copies: one round before capture, then the same `warmup` replays of its graph
+        first = not graphs
+        g = capture(make_group(len(graphs)), launches_per_graph, warmup if first else 1, fresh=first)
         for _ in range(max(1, warmup)):
             g.replay()
         torch.cuda.synchronize()

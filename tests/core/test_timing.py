@@ -53,7 +53,7 @@ def fake_timer(monkeypatch, times):
     monkeypatch.setattr(T, "_torch", lambda: SimpleNamespace(cuda=cuda))
     made = []
 
-    def capture(fns, launches, warmup):
+    def capture(fns, launches, warmup, fresh=True):
         g = len(made)
         made.append(fns)
         count = [0]
