@@ -25,9 +25,9 @@ def _launch():
     missing = [] if sys.version_info >= (3, 11) else ["Python >= 3.11"]
     missing += _missing() if not missing else []
     if not missing:
-        from moebench.cli import main
+        from moebench.cli import entry
 
-        main()
+        entry()
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     venv = os.path.join(root, ".venv")

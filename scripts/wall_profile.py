@@ -44,6 +44,7 @@ IMPORTS = ("torch", "triton", "pandas", "moebench.cli")
 def child(out_json: Path, argv: list[str]) -> None:
     """Run `moebench ARGV` here, timing imports and stages; write what was measured to `out_json`."""
     t0 = time.perf_counter()
+    started_epoch = time.time()
     import importlib
 
     stages: dict[str, float] = {}
@@ -108,6 +109,7 @@ def child(out_json: Path, argv: list[str]) -> None:
         st.sort_stats("tottime").print_stats(40)
         out_json.with_suffix(".cprofile.txt").write_text(buf.getvalue())
     out_json.write_text(json.dumps({"argv": argv, "exit": code, "child_s": end - t0, "command_s": end - t_cmd,
+                                    "started_epoch": started_epoch,
                                     "imports": imports, "stages": stages}))
 
 
@@ -135,6 +137,7 @@ def profile(command: str, out: Path, ceilings: Path | None, extra: list[str]) ->
     cache_before = triton_cache()
     meas = out / f"child-{slug}-{time.strftime('%H%M%S')}.json"
     t = time.perf_counter()
+    spawned_epoch = time.time()
     proc = subprocess.run([sys.executable, __file__, "--child", str(meas), "--", *argv], cwd=ROOT,
                           capture_output=True, text=True)
     total = time.perf_counter() - t
@@ -143,6 +146,9 @@ def profile(command: str, out: Path, ceilings: Path | None, extra: list[str]) ->
            "stdout_tail": proc.stdout[-2000:], "stderr_tail": proc.stderr[-2000:]}
     if meas.exists():
         rec.update(json.loads(meas.read_text()))
+        if rec.get("started_epoch"):  # the interpreter's start, and its exit after the command returned
+            rec["start_s"] = max(0.0, rec["started_epoch"] - spawned_epoch)
+            rec["exit_s"] = max(0.0, total - rec["start_s"] - rec.get("child_s", 0.0))
     res = results_file(run_out, argv)
     if res is not None:
         prov = json.loads(res.read_text()).get("provenance", {})
@@ -156,7 +162,11 @@ def table(rec: dict) -> list[str]:
     """One command's breakdown: rows that add up to the whole command, then the overlapped ones."""
     rows: list[tuple[str, float]] = []
     total = rec["total_s"]
-    rows.append(("Python start (interpreter, site), before the first line", total - rec.get("child_s", total)))
+    if "start_s" in rec:
+        rows.append(("Python start (interpreter, site), before the first line", rec["start_s"]))
+        rows.append(("Python exit (atexit hooks, CUDA teardown), after the command returned", rec["exit_s"]))
+    else:
+        rows.append(("Python start and exit, outside the command", total - rec.get("child_s", total)))
     rows += list(rec.get("imports", {}).items())
     stages = dict(rec.get("stages", {}))
     sweep = rec.get("sweep_wall_s") or 0.0
