@@ -81,7 +81,6 @@ def child(out_json: Path, argv: list[str]) -> None:
             pass
     from moebench import cli
 
-    code = 0
     prof = None
     if os.environ.get("WALL_PROFILE_CPROFILE"):
         import cProfile
@@ -89,28 +88,39 @@ def child(out_json: Path, argv: list[str]) -> None:
         prof = cProfile.Profile()
     t_cmd = time.perf_counter()
     sys.argv = ["moebench", *argv]
-    try:
-        if prof is not None:
-            prof.enable()
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        if prof is not None:
-            prof.disable()
-    end = time.perf_counter()
-    if prof is not None:  # the command's functions (imports excluded), by cumulative and by own time
-        import io
-        import pstats
+    real_main = cli.main
 
-        buf = io.StringIO()
-        st = pstats.Stats(prof, stream=buf)
-        st.sort_stats("cumulative").print_stats(60)
-        st.sort_stats("tottime").print_stats(40)
-        out_json.with_suffix(".cprofile.txt").write_text(buf.getvalue())
-    out_json.write_text(json.dumps({"argv": argv, "exit": code, "child_s": end - t0, "command_s": end - t_cmd,
-                                    "started_epoch": started_epoch,
-                                    "imports": imports, "stages": stages}))
+    def measured() -> None:
+        """The command's main; what was measured is written when it returns, before the console
+        entry (`cli.entry`, as `moebench` runs it) exits the process its own way."""
+        code = 0
+        try:
+            if prof is not None:
+                prof.enable()
+            real_main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+            raise
+        finally:
+            if prof is not None:
+                prof.disable()
+            end = time.perf_counter()
+            if prof is not None:  # the command's functions (imports excluded), by cumulative and by own time
+                import io
+                import pstats
+
+                buf = io.StringIO()
+                st = pstats.Stats(prof, stream=buf)
+                st.sort_stats("cumulative").print_stats(60)
+                st.sort_stats("tottime").print_stats(40)
+                out_json.with_suffix(".cprofile.txt").write_text(buf.getvalue())
+            out_json.write_text(json.dumps({"argv": argv, "exit": code, "child_s": end - t0,
+                                            "command_s": end - t_cmd, "started_epoch": started_epoch,
+                                            "imports": imports, "stages": stages}))
+
+    cli.main = measured
+    entry = getattr(cli, "entry", None)  # older moebench: main alone, and Python's own exit
+    (entry or measured)()
 
 
 def results_file(out: Path, argv: list[str]) -> Path | None:
