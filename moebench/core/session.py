@@ -812,8 +812,14 @@ def placement_copy(obj: Any) -> Any:
 
     if not walkable(obj):
         return copy.deepcopy(obj)
-    with torch.no_grad():
-        return walk(obj)
+    try:
+        with torch.no_grad():
+            return walk(obj)
+    finally:
+        # walk refers to itself (a reference cycle): emptied, the memos hold no copy alive until
+        # the next garbage collection, so the copies' memory goes back when the timing drops them
+        storages.clear()
+        tensors.clear()
 
 
 def _group_medians(rec: Record) -> list[float]:

@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 Launch = Callable[[], None]
+# capture(fresh=True) runs a full garbage collection only when the allocator holds more than this
+# share of the device's memory
+FULL_GC_RESERVED_SHARE = 0.25
 
 
 @dataclass
@@ -47,11 +50,13 @@ def _torch():
 
 def capture(fns: Sequence[Launch], launches: int, warmup: int, fresh: bool = True):
     """Warm up on a side stream (`warmup` rounds of every closure), then capture `launches`
-    launches into one CUDA graph. `fresh`: before capturing, collect garbage and hand the
-    allocator's free cached blocks back to the driver, as `torch.cuda.graph` does on entering.
-    `time_groups` does that for a case's first graph only: its further graphs come right after,
-    with nothing freed in between, and on an H200 the collections alone took ~0.9 s of
-    count-block's 4.8 s of timing (results/h200/TIMER.md)."""
+    launches into one CUDA graph. `fresh`: before capturing, hand the allocator's free cached
+    blocks back to the driver, as `torch.cuda.graph` does on entering; `time_groups` does that for
+    a case's first graph only (its further graphs come right after, with nothing freed between).
+    `torch.cuda.graph` also runs a full garbage collection first: on an H200 one took ~75 ms,
+    1.5 s of count-block's cases even once per case (results/h200/TIMER.md). Here the young
+    generations are collected, and the whole heap only when the allocator holds over a quarter of
+    the device's memory (garbage cycles could be holding input copies)."""
     torch = _torch()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -62,7 +67,10 @@ def capture(fns: Sequence[Launch], launches: int, warmup: int, fresh: bool = Tru
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     if fresh:
-        gc.collect()
+        gc.collect(1)
+        if torch.cuda.memory_reserved() > FULL_GC_RESERVED_SHARE * torch.cuda.get_device_properties(
+                torch.cuda.current_device()).total_memory:
+            gc.collect()
         torch.cuda.empty_cache()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(side):

@@ -96,3 +96,22 @@ def test_other_types_go_to_deepcopy(monkeypatch):
     g = torch.ones(2, requires_grad=True)  # a tensor that needs grad: deepcopy's own handling
     out = placement_copy(Nested(g, (), {}))
     assert calls and out.a.requires_grad
+
+
+def test_a_dropped_copy_is_freed_without_a_garbage_collection():
+    """The timing drops a case's copies and relies on their memory going back right away: nothing
+    of placement_copy's own (its memos) may keep a copy alive until the next collection."""
+    import gc
+    import weakref
+
+    params = dict(tokens=40, buffer_tokens=64, topk=4, num_experts=16, local_experts=8, local_expert_start=0,
+                  routing="uniform", zipf_s=1.2, seed=0)
+    src = count_inputs(params, "cpu", 0)
+    gc.disable()
+    try:
+        out = placement_copy(src)
+        refs = [weakref.ref(t) for t in _tensors(out).values()]
+        del out
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()
