@@ -87,6 +87,8 @@ class Timing:
     # 200 launches per graph: on an H200 a 2 µs kernel reads 2.5% high at 50 (the graph's own
     # launch cost amortised) and within 0.5% of 1000 at 200 (results/h200/TIMER.md)
     launches_per_graph: int = 200
+    # rounds of every closure before a case's first graph is captured (1 before each further graph),
+    # and replays of each graph before its timed replays
     warmup: int = 5
     min_replays: int = 20
     max_replays: int = 4000
