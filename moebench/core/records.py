@@ -84,8 +84,8 @@ class Record:
         return row
 
     def to_json(self) -> dict[str, Any]:
-        """The record as plain data, copied (dataclasses.asdict's result, without its per-value
-        deepcopy: 2280 records of a verify took 0.15 s here against 0.6 s)."""
+        """The record as plain data, copied: dataclasses.asdict's result, without its deepcopy of
+        every value (2280 verify records: 0.02 s against 0.15 s on a 2-core CPU)."""
         return {k: _plain(getattr(self, k)) for k in _RECORD_FIELDS}
 
     @classmethod

@@ -373,8 +373,10 @@ class Session:
     def _copy_set(self, inp, index: int) -> tuple[Any, Any]:
         """A copy of an input set in fresh memory (views kept as views): the same data at another
         placement, the `index`-th of its rotation. Returns (copy, its pool or None)."""
+        import copy
+
         with self._placement(index) as pool:
-            return placement_copy(inp), pool
+            return copy.deepcopy(inp), pool
 
     @contextmanager
     def _phase(self, name: str):
@@ -735,91 +737,6 @@ class Session:
                     rec.cross["node_gap_us"] = round(mine - v, 4)
             except Exception as e:  # noqa: BLE001
                 rec.cross["cross_error"] = _one_line(e)
-
-
-_COPY_HOOKS = ("__deepcopy__", "__copy__", "__reduce_ex__", "__reduce__", "__getstate__", "__setstate__")
-
-
-def placement_copy(obj: Any) -> Any:
-    """`copy.deepcopy(obj)` for an input set, with the same allocations in the same order (so the
-    copies land at the same offsets of their pool): per tensor, in the order deepcopy meets them,
-    its storage cloned once (tensors sharing a storage stay views of one clone), then the
-    one-element tensor deepcopy allocates and frees while re-viewing it. A dataclass, list, tuple
-    or dict of plain tensors and plain values is walked here, without deepcopy's per-object
-    bookkeeping (on an H200 that bookkeeping took ~2 s of count-block's 4.8 s of timing, which
-    copies every input set for each placement group); anything else (a plugin's own types, a
-    tensor subclass or one that needs grad) goes to deepcopy whole."""
-    import copy
-    import dataclasses
-
-    import torch
-
-    plain = (bool, int, float, complex, str, bytes, torch.dtype, torch.device)
-
-    def kind(x: Any) -> str | None:
-        if type(x) is torch.Tensor:
-            ok = (x.is_leaf and not x.requires_grad and x.grad is None and not x.is_sparse and not x.is_quantized
-                  and not x.is_conj() and not x.is_neg() and x.device.type in ("cuda", "cpu") and not vars(x))
-            return "tensor" if ok else None
-        if x is None or type(x) in plain:
-            return "plain"
-        if type(x) in (list, tuple):
-            return "seq"
-        if type(x) is dict:
-            return "dict"
-        if dataclasses.is_dataclass(x) and not isinstance(x, type) and hasattr(x, "__dict__") \
-                and not hasattr(type(x), "__slots__") \
-                and all(getattr(type(x), m, None) is getattr(object, m, None) for m in _COPY_HOOKS):
-            return "dataclass"
-        return None
-
-    def walkable(x: Any) -> bool:
-        k = kind(x)
-        if k == "seq":
-            return all(walkable(v) for v in x)
-        if k == "dict":
-            return all(kind(key) == "plain" and walkable(v) for key, v in x.items())
-        if k == "dataclass":
-            return all(walkable(v) for v in vars(x).values())
-        return k is not None
-
-    storages: dict[int, Any] = {}  # storage -> its clone (deepcopy's memo["torch"])
-    tensors: dict[int, torch.Tensor] = {}  # tensor -> its copy (deepcopy's memo)
-
-    def walk(x: Any) -> Any:
-        k = kind(x)
-        if k == "tensor":
-            if id(x) in tensors:
-                return tensors[id(x)]
-            st = x.untyped_storage()
-            new = storages.get(st._cdata)
-            if new is None:
-                new = storages[st._cdata] = st.clone()
-            out = x.new_empty([])
-            out.set_(new, x.storage_offset(), x.size(), x.stride())
-            tensors[id(x)] = out
-            return out
-        if k == "seq":
-            return type(x)(walk(v) for v in x)
-        if k == "dict":
-            return {key: walk(v) for key, v in x.items()}
-        if k == "dataclass":
-            new = copy.copy(x)
-            for key, v in vars(x).items():
-                object.__setattr__(new, key, walk(v))
-            return new
-        return x
-
-    if not walkable(obj):
-        return copy.deepcopy(obj)
-    try:
-        with torch.no_grad():
-            return walk(obj)
-    finally:
-        # walk refers to itself (a reference cycle): emptied, the memos hold no copy alive until
-        # the next garbage collection, so the copies' memory goes back when the timing drops them
-        storages.clear()
-        tensors.clear()
 
 
 def _group_medians(rec: Record) -> list[float]:
