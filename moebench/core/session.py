@@ -363,6 +363,8 @@ class Session:
             raise RuntimeError("timing.placement_memory: private needs torch.cuda.MemPool (torch >= 2.6)")
         t = self.opts.timing
         k = index % max(1, t.placement_strata)
+        if t.placement_pad == "random":
+            k = _PAD_RNG.randrange(max(1, t.placement_strata))
         pool = torch.cuda.MemPool()
         with torch.cuda.use_mem_pool(pool):
             # the pad takes the front of the pool's first (2 MiB) segment; the set's small buffers
@@ -554,6 +556,11 @@ class Session:
         def enough(groups: list[list[float]]) -> bool:
             return between_groups_rel([median(x) for x in groups]) < t.groups_rel_noise
 
+        code = None
+        if t.code_placement == "group" and self.torch_device == "cuda" and g_max > 1:
+            from moebench.core.codeplace import CodePlacements
+
+            code = CodePlacements()
         retimed = 0
         while True:
             clk0 = nvml_clocks(self.clock_index)
@@ -561,7 +568,7 @@ class Session:
                                   launches_per_graph=self.launches_per_graph(case), warmup=t.warmup,
                                   min_replays=t.min_replays, max_replays=t.max_replays, max_seconds=t.max_seconds,
                                   stop=noise_below(t.target_rel_noise), enough=enough if g_max > g_min else None,
-                                  keep=keep)
+                                  keep=keep, around_capture=code)
             clk1 = nvml_clocks(self.clock_index)
             dropped = (clk1.get("sm_max_mhz") and clk1.get("sm_mhz") is not None
                        and clk1["sm_mhz"] < t.clock_drop * clk1["sm_max_mhz"])
@@ -580,6 +587,8 @@ class Session:
             l2_note = (f"{t.l2} ({len(builts)} placement{'s' if len(builts) > 1 else ''}"
                        + (f" x {n_groups} groups" if n_groups > 1 else "") + f", {t.placement_memory} memory)")
         rec.timing.update({"timer": "graph-replay", "l2": l2_note})
+        if code is not None:
+            rec.timing["code_placement"] = f"group ({len(code.kernels)} kernel{'s' if len(code.kernels) != 1 else ''} reloaded per group)"
         if n_groups > 1:
             meds = [median(g) for g in samples.groups]
             between = between_groups_rel(meds)
@@ -737,6 +746,9 @@ class Session:
                     rec.cross["node_gap_us"] = round(mine - v, 4)
             except Exception as e:  # noqa: BLE001
                 rec.cross["cross_error"] = _one_line(e)
+
+
+_PAD_RNG = __import__("random").Random()  # timing.placement_pad: random (seeded from the OS per process)
 
 
 def _group_medians(rec: Record) -> list[float]:
