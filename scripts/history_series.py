@@ -44,7 +44,8 @@ while read -r n commit dir; do
       "$PY" -m moebench sweep {sweep} {sweep_args}--out "$RES/$dir" ) >"$RES/$dir.log" 2>&1
   rc=$?; echo "  exit $rc"; [ $rc -eq 0 ] || fail=1
 done < "$SERIES/series.tsv"
-files=$(find "$RES" -name '{sweep}.json' | sort)
+files=$(find "$RES" -name '{sweep}.json' -o -name '{sweep}-quick.json' | sort)
+[ -n "$files" ] || {{ echo "no {sweep} results under $RES: see the .log files there" >&2; exit 2; }}
 "$PY" -m moebench history add $files --db "$RES/history.sqlite" || exit $?
 "$PY" -m moebench history check --db "$RES/history.sqlite" --sweep {sweep} --markdown > "$RES/check.md"
 rc=$?

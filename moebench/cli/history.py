@@ -89,11 +89,13 @@ def check(
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's cases."),
     sig: float = typer.Option(0.05, "--sig", help="Significance level of the permutation test."),
     permutations: int = typer.Option(199, "--permutations", help="Permutations per test."),
+    min_step: float = typer.Option(1.0, "--min-step", help="A smaller step (percent) is labelled noise."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
 ):
     """E-divisive means (Matteson & James 2014, as in MongoDB's CI) on each case's medians in run
     order. Each change point is labelled: hardware/driver change, method change, noise (the step lies
-    within the stated intervals) or real (a regression or an improvement). Exit 1 when a real
+    within the stated intervals or the runs' own scatter, or is below --min-step) or real (a
+    regression or an improvement). Exit 1 when a real
     regression is found: a CI gate."""
     from moebench.analysis.history import case_text, check as run_check, open_db, series, varying_params
 
@@ -101,7 +103,7 @@ def check(
         found = series(con, sweep=sweep)
     if not found:
         raise UsageError(f"{db}: no records" + (f" of sweep {sweep!r}" if sweep else ""))
-    rep = run_check(found, sig=sig, permutations=permutations)
+    rep = run_check(found, sig=sig, permutations=permutations, min_step=min_step / 100)
     keys = varying_params(found)
     head = ["case", "params", "at run", "commit", "before µs", "after µs", "step %", "p", "label", "why"]
     rows = [[c.series.case_id, case_text(c.series, keys), str(c.index + 1), (c.at.commit or "—")[:10],

@@ -113,9 +113,12 @@ def _add(capsys, db, paths):
     return out
 
 
-def test_planted_regression_found_at_its_commit_and_nowhere_else(tmp_path, capsys):
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_planted_regression_found_at_its_commit_and_nowhere_else(tmp_path, capsys, seed):
+    """10 runs, 0.1% jitter on every case (wider than the 0.03% some cases state: the runs' own
+    scatter covers it), one case 10% slower from run 5 on; four draws of the jitter."""
     db = tmp_path / "h.sqlite"
-    _add(capsys, db, make_series(tmp_path))
+    _add(capsys, db, make_series(tmp_path, seed=seed))
     target = _doc()["records"][TARGET]["case_id"]
     real = [c for c in _changes(db) if c.label == "real"]
     assert [(c.series.case_id, c.index, c.direction) for c in real] == [(target, 4, "regression")]
@@ -145,7 +148,7 @@ def test_step_inside_the_stated_intervals_is_noise(tmp_path, capsys):
     target = _doc()["records"][TARGET]["case_id"]
     at_target = [c for c in _changes(db) if c.series.case_id == target]
     assert at_target and all(c.label == "noise" for c in at_target)
-    assert any(c.index == 4 for c in at_target)
+    assert any(c.index == 4 and "within the stated intervals" in c.why for c in at_target)
     code, out, _ = _check(capsys, db)
     assert code == 0 and "0 real regression(s)" in out
 
@@ -291,7 +294,7 @@ def test_missing_database_and_bad_results(tmp_path, capsys):
 
 
 def test_history_runs_without_torch(tmp_path):
-    paths = make_series(tmp_path, n=6)
+    paths = make_series(tmp_path, n=10)
     db = tmp_path / "h.sqlite"
     for cmd in (["history", "add", *paths, "--db", db], ["history", "show", "--db", db],
                 ["history", "check", "--db", db]):
@@ -333,3 +336,40 @@ def test_history_series_script_snapshots_each_commit(tmp_path):
     r = subprocess.run([sys.executable, str(script), "--repo", str(repo), "nosuchcommit"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "nosuchcommit: not a commit" in r.stderr
+
+
+def _pts(values, rel=0.005):
+    from moebench.analysis.history import Point
+
+    return [Point(f"r{i}", None, f"c{i}", v, rel, "ok", {}, {}) for i, v in enumerate(values)]
+
+
+def test_a_step_within_the_runs_own_scatter_is_noise():
+    """Runs of one commit that spread 5% between processes (issue 23), each stating 0.5%: a 3% step
+    between two such segments is not a regression; the same step over tight runs is."""
+    from moebench.analysis.history import Series, label_change
+
+    wide = _pts([1.0, 1.05, 0.95, 1.0, 1.05, 1.03, 1.08, 0.98, 1.03, 1.08])
+    c = label_change(Series("s", "c", "v", "v", {}, wide), wide, 0, 5, 10, 0.01)
+    assert c.label == "noise" and c.step == pytest.approx(0.03)
+    tight = _pts([1.0, 1.001, 0.999, 1.0, 1.001, 1.03, 1.031, 1.029, 1.03, 1.031])
+    c = label_change(Series("s", "c", "v", "v", {}, tight), tight, 0, 5, 10, 0.01)
+    assert c.label == "real" and c.direction == "regression"
+
+
+def test_min_step_keeps_a_tiny_step_out_of_the_gate(tmp_path, capsys):
+    """A 0.5% step over 0.01% jitter, each run stating 0.01%: the intervals separate, but the step is
+    below the default --min-step of 1% (noise); with --min-step 0 it is a real regression."""
+    def edit(doc, run):
+        for r in doc["records"]:
+            r["timing"]["rel_noise"] = 0.0001
+
+    db = tmp_path / "h.sqlite"
+    _add(capsys, db, make_series(tmp_path, shift=0.005, noise=0.0001, edit=edit))
+    target = _doc()["records"][TARGET]["case_id"]
+    [c] = [c for c in _changes(db) if c.series.case_id == target and c.index == 4]
+    assert c.label == "noise" and "below --min-step 1%" in c.why
+    assert _check(capsys, db)[0] == 0
+    code, out, _ = _check(capsys, db, "--min-step", "0")
+    assert code == 1 and "real regression(s)" in out
+    assert _check(capsys, db, "--min-step", "200")[0] == 2
