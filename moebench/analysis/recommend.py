@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from moebench.analysis import describe, metric_of, value_of, varying_keys
 from moebench.core.text import ordered
@@ -206,3 +206,296 @@ def explain(rec: Recommendation) -> list[str]:
 
 def _t(v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}".rstrip("0").rstrip(".") if v < 100 else f"{v:,.1f}"
+
+
+# ============================================================================ deploying the choice
+# `recommend --emit env|json`: the launch values a runtime reads (Megatron's kill switches), for a
+# workload mix, written only where the choice beats the shipped default with separated intervals.
+# `--check` re-runs the variants that read the switch, with and without the emitted environment.
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A launch parameter a runtime reads from an environment variable, with its shipped default,
+    and the family's variants that read it (from their declarations: env={param: (VAR, default)})."""
+
+    param: str
+    var: str
+    default: Any
+    readers: tuple[str, ...]
+
+
+def switches(family) -> dict[str, Switch]:
+    out: dict[str, Switch] = {}
+    for v in getattr(family, "variants", {}).values():
+        for param, (var, default) in v.env.items():
+            have = out.get(param)
+            out[param] = Switch(param, var, default, (have.readers if have else ()) + (v.name,))
+    return out
+
+
+@dataclass
+class Arm:
+    """One configuration's times over the mix: per shape (µs, rel), and the weighted mean with its
+    half-width (the weighted sum of the shapes' half-widths: intervals add, a bound, not a guess)."""
+
+    value: Any
+    us: dict[tuple, float]
+    rel: dict[tuple, float | None]
+    case_ids: dict[tuple, str]
+
+    def mix(self, weights: dict[tuple, float]) -> tuple[float, float]:
+        tot = sum(weights.values())
+        m = sum(w * self.us[s] for s, w in weights.items()) / tot
+        h = sum(w * self.us[s] * (self.rel[s] or 0.0) for s, w in weights.items()) / tot
+        return m, h
+
+
+def separated_faster(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """(mean, half-width) a is faster than b and their intervals do not overlap."""
+    return a[0] + a[1] < b[0] - b[1]
+
+
+@dataclass
+class Decision:
+    switch: Switch
+    variant: str  # the measured variant the evidence comes from
+    over_keys: list[str]
+    weights: dict[tuple, float]  # normalised
+    choice: Arm | None
+    default: Arm | None
+    emit: bool
+    reason: str
+
+    @property
+    def value(self) -> Any:
+        return self.choice.value if self.emit and self.choice is not None else self.switch.default
+
+    def mix(self) -> dict[str, Any] | None:
+        if self.choice is None or self.default is None:
+            return None
+        (mc, hc), (md, hd) = self.choice.mix(self.weights), self.default.mix(self.weights)
+        return {"choice_us": mc, "choice_interval": [mc - hc, mc + hc], "default_us": md,
+                "default_interval": [md - hd, md + hd], "delta": mc / md - 1.0}
+
+    def cases(self) -> list[dict[str, Any]]:
+        rows = []
+        for s, w in self.weights.items():
+            row: dict[str, Any] = {"shape": dict(zip(self.over_keys, s)), "weight": w}
+            for name, arm in (("choice", self.choice), ("default", self.default)):
+                if arm is not None and s in arm.us:
+                    u, r = arm.us[s], arm.rel[s]
+                    row |= {f"{name}_case_id": arm.case_ids[s], f"{name}_us": u,
+                            f"{name}_interval": [u * (1 - (r or 0)), u * (1 + (r or 0))] if r is not None else None}
+            if "choice_us" in row and "default_us" in row:
+                row["delta"] = row["choice_us"] / row["default_us"] - 1.0
+            rows.append(row)
+        return rows
+
+
+def _measured_variant(records: list[Record], family, sw: Switch, variant: str | None) -> str:
+    """The variant whose records stand for the switch: `variant` if given, else the only one timed
+    that takes the parameter from the spec, preferring the upstream (runtime's own) kernel."""
+    timed = ordered(r.label for r in records if metric_of(r) is not None)
+    takes = [lab for lab in timed if lab in family.variants and sw.param in family.variants[lab].params]
+    if variant is not None:
+        if variant not in takes:
+            raise UsageError(f"--variant: {variant!r} has no timed record with {sw.param} from the spec here; "
+                             f"candidates: {', '.join(takes) or 'none'}")
+        return variant
+    upstream = [lab for lab in takes if family.variants[lab].source == "upstream"]
+    if len(upstream) == 1:
+        return upstream[0]
+    if len(takes) == 1:
+        return takes[0]
+    raise UsageError(f"--emit: several variants take {sw.param} from the spec ({', '.join(takes) or 'none timed'}); "
+                     "name the one whose times stand for the runtime's kernel with --variant")
+
+
+def decide(records: list[Record], family, *, over: Sequence[str] | None = None, weights_text: str | None = None,
+           variant: str | None = None, metric: str = "median_us") -> list[Decision]:
+    """For each kill switch of the family that these results sweep: the configuration with the
+    least weighted mean time over the mix (default mix: every swept shape, equal weights), against
+    the shipped default. Emitted only when the choice's mix interval lies wholly below the
+    default's; otherwise the default, with the reason."""
+    if family is None:
+        raise UsageError("--emit: these results' family is not known here, so its kill switches are not either")
+    sws = [sw for sw in switches(family).values() if sw.param in varying_keys(records)]
+    if not sws:
+        names = ", ".join(f"{s.var} ({s.param})" for s in switches(family).values()) or "none"
+        raise UsageError(f"--emit: no kill switch of family {family.name!r} is swept in these results "
+                         f"(its switches: {names})")
+    out = []
+    for sw in sws:
+        lab = _measured_variant(records, family, sw, variant)
+        recs = [r for r in records if r.label == lab]
+        ov, _, group = recommend_keys(recs, family, over, [sw.param])
+        if group:
+            raise UsageError(f"--emit: {', '.join(group)} also vary; one environment holds one {sw.var} per device, "
+                             f"so take the mix over them too: --over {','.join(ov + group)}")
+        arms: dict[Any, Arm] = {}
+        for r in recs:
+            t = metric_of(r, metric)
+            if t is None:
+                continue
+            a = arms.setdefault(value_of(r, sw.param), Arm(value_of(r, sw.param), {}, {}, {}))
+            s = tuple(value_of(r, k) for k in ov)
+            a.us[s], a.rel[s], a.case_ids[s] = t, r.timing.get("rel_noise"), r.case_id
+        shapes = ordered(s for a in arms.values() for s in a.us)
+        w = parse_weights(weights_text, ov, shapes) if weights_text else {s: 1.0 for s in shapes}
+        w = {s: v / sum(w.values()) for s, v in w.items() if v > 0}
+        default = arms.get(sw.default)
+        # the fastest over the mix; where that is the default, the next best, as the evidence for keeping it
+        full = sorted((a for a in arms.values() if all(s in a.us for s in w)), key=lambda a: a.mix(w)[0])
+        others = [a for a in full if a.value != sw.default]
+        choice = others[0] if others else (full[0] if full else None)
+        out.append(_judge(sw, lab, ov, w, choice, default))
+    return out
+
+
+def _judge(sw: Switch, lab: str, ov: list[str], w: dict, choice: Arm | None, default: Arm | None) -> Decision:
+    d = Decision(sw, lab, ov, w, choice, default, False, "")
+    if default is None or not all(s in default.us for s in w):
+        d.reason = f"the shipped default {sw.param}={sw.default} has no time at every shape of the mix here"
+    elif choice is None:
+        d.reason = "no configuration has a time at every shape of the mix"
+    elif choice.value == sw.default:
+        d.reason = f"the shipped default {sw.param}={sw.default} is the only configuration timed at every shape"
+    elif choice.mix(w)[0] >= default.mix(w)[0]:
+        d.reason = f"the shipped default {sw.param}={sw.default} is the fastest over the mix; the next best, " \
+                   f"{choice.value}, is {100 * (choice.mix(w)[0] / default.mix(w)[0] - 1):.1f}% slower"
+    elif any(default.rel[s] is None or choice.rel[s] is None for s in w):
+        d.reason = "a time without a stated interval (rel_noise): the gain cannot be weighed against noise"
+    else:
+        c, f = choice.mix(w), default.mix(w)
+        iv = f"{c[0]:.4g} µs [{c[0] - c[1]:.4g}, {c[0] + c[1]:.4g}] vs {f[0]:.4g} µs [{f[0] - f[1]:.4g}, {f[0] + f[1]:.4g}]"
+        if separated_faster(c, f):
+            d.emit = True
+            d.reason = f"{sw.param}={choice.value} beats the default {sw.default} over the mix by " \
+                       f"{100 * (1 - c[0] / f[0]):.1f}%, intervals separated: {iv}"
+        else:
+            d.reason = f"{sw.param}={choice.value} is {100 * (1 - c[0] / f[0]):.1f}% faster over the mix but the " \
+                       f"intervals overlap ({iv}): within noise, the default stays"
+    return d
+
+
+def emit_document(decisions: list[Decision], prov: dict, source: str, check: list[dict] | None = None) -> dict:
+    dev = prov.get("device") or {}
+    doc = {"device": dev.get("name"), "device_slug": dev.get("slug"), "driver": dev.get("driver"),
+           "cuda": dev.get("cuda"), "torch": dev.get("torch"), "triton": dev.get("triton"),
+           "commit": prov.get("git_commit"), "results": source, "sweep": prov.get("sweep"),
+           "spec_sha256": prov.get("spec_sha256"), "timestamp": prov.get("timestamp"),
+           "rule": "a value is written only where its weighted mean time over the mix, +- the weighted half-widths "
+                   "(rel_noise: each median's ~95% interval), lies wholly below the shipped default's; else the "
+                   "default, with the reason",
+           "environment": {d.switch.var: str(d.value) for d in decisions},
+           "switches": [{"variable": d.switch.var, "param": d.switch.param, "value": d.value,
+                         "default": d.switch.default, "choice": d.choice.value if d.choice else None,
+                         "emitted": d.emit, "reason": d.reason, "measured_variant": d.variant,
+                         "read_by_variants": list(d.switch.readers),
+                         "mix": {"over": d.over_keys, "weights": [[list(s), w] for s, w in d.weights.items()],
+                                 **(d.mix() or {})},
+                         "cases": d.cases()} for d in decisions]}
+    if check is not None:
+        doc["check"] = check
+    return doc
+
+
+def env_text(doc: dict) -> str:
+    """The document as a shell environment file: VAR=value lines, the rest as comments."""
+    lines = [f"# moebench recommend --emit env: launch values for {doc['device']} (driver {doc['driver']}, CUDA "
+             f"{doc['cuda']}, torch {doc['torch']}, triton {doc['triton']})",
+             f"# from {doc['results']} (sweep {doc['sweep']}, commit {doc['commit']}, {doc['timestamp']}, spec "
+             f"sha256 {str(doc['spec_sha256'])[:16]})", f"# rule: {doc['rule']}"]
+    for s in doc["switches"]:
+        m = s["mix"]
+        lines += ["#", f"# {s['variable']} ({s['param']} of {', '.join(s['read_by_variants'])}; measured on "
+                       f"{s['measured_variant']}): {'EMITTED' if s['emitted'] else 'default kept'}: {s['reason']}",
+                  "# mix over " + ", ".join(m["over"]) + ": "
+                  + ", ".join(f"{'/'.join(map(str, k))}: {w:.3g}" for k, w in m["weights"])]
+        for c in s["cases"]:
+            shape = ", ".join(f"{k}={v}" for k, v in c["shape"].items())
+            lines.append(f"#   {shape} (w {c['weight']:.3g}): {s['choice']} {_iv(c, 'choice')} vs default "
+                         f"{s['default']} {_iv(c, 'default')}" + (f", Δ {100 * c['delta']:+.2f}%" if "delta" in c else ""))
+        lines.append(f"{s['variable']}={s['value']}")
+    for c in doc.get("check") or []:
+        lines += ["#", f"# check {c['variable']}: {c['verdict']}: {c['text']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _iv(c: dict, name: str) -> str:
+    u, iv = c.get(f"{name}_us"), c.get(f"{name}_interval")
+    if u is None:
+        return "—"
+    return f"{u:.4g} µs" + (f" [{iv[0]:.4g}, {iv[1]:.4g}]" if iv else "")
+
+
+# ---------------------------------------------------------------------------- --check
+
+
+def check_cases(d: Decision, family, records: list[Record]) -> list:
+    """The cases `--check` runs for one emitted switch: each variant that reads the switch, at each
+    shape of the mix (the evidence records' other parameters), its launch value left to the switch."""
+    from moebench.core.cases import Case, case_id
+
+    by_id = {r.case_id: r for r in records}
+    out = []
+    for reader in d.switch.readers:
+        v = family.variants[reader]
+        for s in d.weights:
+            rec = by_id[d.choice.case_ids[s]]
+            missing = [p for p in family.params if p not in rec.params]
+            if missing:
+                raise UsageError(f"--check: record {rec.case_id} lacks parameter(s) {', '.join(missing)} of family "
+                                 f"{family.name!r}: its case cannot be rebuilt")
+            params = dict(rec.params)
+            for p in family.launch_params:
+                if p not in v.params:
+                    params[p] = None
+            out.append(Case(family.name, reader, reader, params, case_id(family.name, reader, params)))
+    return out
+
+
+def judge_check(d: Decision, cases: list, base: list[Record], emitted: list[Record]) -> list[dict]:
+    """Per reading variant: the mix with and without the emitted environment, and whether the
+    predicted gain held (the emitted mix interval wholly below the default's). Records not ok (an
+    upstream kernel `unavailable` here, an error) make the verdict "cannot check"."""
+    out = []
+    for reader in d.switch.readers:
+        arms, bad, used = [], [], []  # used: the emitted arm's launch values, and where they came from
+        for arm_i, recs in enumerate((base, emitted)):
+            a = Arm(None, {}, {}, {})
+            for c, r in zip(cases, recs):
+                if c.variant != reader:
+                    continue
+                s = tuple(c.params.get(k) for k in d.over_keys)
+                t = metric_of(r)
+                if t is None:
+                    bad.append(f"{r.status}: {r.error or 'no time'}")
+                    continue
+                a.us[s], a.rel[s], a.case_ids[s] = t, r.timing.get("rel_noise") or 0.0, r.case_id
+                if arm_i:
+                    used.append((r.launch.get(d.switch.param), r.launch_from.get(d.switch.param)))
+            arms.append(a)
+        row = {"variable": d.switch.var, "value": d.value, "variant": reader}
+        if bad or any(s not in a.us for a in arms for s in d.weights):
+            row |= {"verdict": "cannot check here", "text": f"{reader}: {bad[0] if bad else 'a shape without a time'}"}
+            out.append(row)
+            continue
+        not_read = [f"{v} ({src})" for v, src in used if v != d.value]
+        if not_read:
+            row |= {"verdict": "did not hold", "text": f"{reader} ran with {d.switch.param} {not_read[0]} under "
+                                                       f"{d.switch.var}={d.value}: the variable was not read"}
+            out.append(row)
+            continue
+        (mb, hb), (me, he) = arms[0].mix(d.weights), arms[1].mix(d.weights)
+        held = separated_faster((me, he), (mb, hb))
+        pred = d.mix()["delta"]
+        row |= {"verdict": "held" if held else "did not hold", "default_us": mb, "default_interval": [mb - hb, mb + hb],
+                "emitted_us": me, "emitted_interval": [me - he, me + he], "delta": me / mb - 1.0, "predicted_delta": pred,
+                "launch_values": sorted({f"{v} ({src})" for v, src in used}, key=str),
+                "text": f"{reader} over the mix {me:.4g} µs [{me - he:.4g}, {me + he:.4g}] with {d.switch.var}={d.value} "
+                        f"vs {mb:.4g} µs [{mb - hb:.4g}, {mb + hb:.4g}] without: Δ {100 * (me / mb - 1):+.2f}% "
+                        f"(predicted {100 * pred:+.2f}%), intervals {'separated' if held else 'overlap or slower'}"}
+        out.append(row)
+    return out

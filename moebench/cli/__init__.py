@@ -4,6 +4,7 @@
 - moebench.cli.info: validate, list, show, render, device
 - moebench.cli.analysis: ab, compare, recommend, plot
 - moebench.cli.dist: merge
+- moebench.cli.history: history add | show | check
 
 Commands are thin: parse -> call the library -> render. Library code never prints.
 
@@ -20,7 +21,7 @@ import sys
 
 import typer
 
-from moebench.cli import analysis, dist, info, run
+from moebench.cli import analysis, dist, history, info, run
 from moebench.cli.common import STATE, err, fit_consoles, install_interrupts
 from moebench.errors import ExitCode, Interrupted, MoebenchError
 
@@ -33,6 +34,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "error (a bug); 130/143 interrupted (completed records saved).")
 for sub in (run.app, info.app, analysis.app, dist.app):
     app.add_typer(sub)
+app.add_typer(history.app, name="history")
 
 
 @app.callback()

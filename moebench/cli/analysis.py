@@ -248,7 +248,7 @@ def compare(
     raise typer.Exit(0)
 
 
-@app.command(short_help="The robust (minimax-regret) configuration.")
+@app.command(short_help="The robust (minimax-regret) configuration; --emit the launch values a runtime reads.")
 def recommend(
     results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a published table ("
                                   + ", ".join(reference_names()) + ")."),
@@ -257,18 +257,32 @@ def recommend(
     by: Optional[str] = typer.Option(None, "--by", help="What is being chosen, comma-separated (default: the "
                                      "variant and the varying launch parameters, e.g. block_size)."),
     weights: Optional[str] = typer.Option(None, "--weights", help="How much each shape matters, e.g. "
-                                          "256=0.7,16384=0.3 (needs a single --over)."),
+                                          "256=0.7,16384=0.3 (needs a single --over); with --emit, the workload mix."),
     metric: str = typer.Option("median_us", "--metric", help="Time column (lower is better)."),
     markdown: bool = typer.Option(False, "--markdown", help="Also print the tables as markdown."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="env or json: the kill-switch values a runtime reads "
+                                       "(MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) for the mix, a value "
+                                       "only where it beats the shipped default with separated intervals, else the "
+                                       "default and why; with the device, driver, commit and the evidence."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="With --emit: the file to write (default: "
+                                          "print it)."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="With --emit: the measured variant whose times "
+                                          "stand for the runtime's kernel (default: the upstream one, or the only one)."),
+    check: bool = typer.Option(False, "--check", help="With --emit: re-run the variants that read each emitted "
+                               "switch (on this GPU) without and with the emitted environment, and say whether the "
+                               "predicted gain held; exit 1 if not, 2 if it cannot be checked here."),
 ):
     """The robust configuration: worst-case regret (time / per-shape best - 1) of each configuration
-    across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too."""
+    across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too.
+    With --emit: the launch values a runtime reads, for the mix (--weights, default all shapes alike)."""
     from moebench.analysis import read_results
     from moebench.analysis.recommend import explain, recommend_keys, regret_table
     from moebench.families import catalogue
 
     prov, records = read_results(results)
     fam = catalogue().get(records[0].family)
+    if emit is not None or check or output is not None or variant is not None:
+        raise typer.Exit(_emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric))
     ov, cfg, grp = recommend_keys(records, fam, _csv(over), _csv(by))
     recs = regret_table(records, ov, cfg, grp, metric=metric, weights_text=weights)
     name = prov.get("sweep") or Path(results).stem
@@ -290,6 +304,87 @@ def recommend(
             out.print("")
             out.print(md_table(head, rows), markup=False, highlight=False, soft_wrap=True)
         out.print("")
+
+
+def _emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric) -> int:
+    """recommend --emit: decide, optionally --check on this GPU, write or print the file."""
+    import json
+
+    from moebench.analysis.recommend import decide, emit_document, env_text
+
+    if emit not in ("env", "json"):
+        raise UsageError(f"--emit: expected env or json, got {emit!r}" if emit else
+                         "--output, --variant and --check go with --emit env|json")
+    decisions = decide(records, fam, over=_csv(over), weights_text=weights, variant=variant, metric=metric)
+    checked = _check_emitted(results, prov, records, fam, decisions) if check else None
+    doc = emit_document(decisions, prov, str(results), checked)
+    text = env_text(doc) if emit == "env" else json.dumps(doc, indent=1, default=str) + "\n"
+    if output is None:
+        out.print(text, markup=False, highlight=False, soft_wrap=True, end="")
+    else:
+        from moebench.core.records import atomic_write_text, writable_dir
+
+        writable_dir(output.parent, "-o")
+        atomic_write_text(output, text)
+        for d in decisions:
+            out.print(f"{d.switch.var}={d.value}: {d.reason}", highlight=False)
+        out.print(f"Wrote {output}", highlight=False)
+    for c in checked or []:
+        (err if c["verdict"] != "held" else out).print(f"check {c['variable']}={c['value']}: {c['verdict']}: "
+                                                        f"{c['text']}", highlight=False)
+    verdicts = {c["verdict"] for c in checked or []}
+    return 2 if "cannot check here" in verdicts else 1 if "did not hold" in verdicts else 0
+
+
+def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
+    """--check: each emitted switch's readers, run here without and with the emitted environment.
+    The environment is a mapping handed to the run, never os.environ."""
+    from moebench.analysis.recommend import check_cases, judge_check
+    from moebench.core.records import spec_of
+
+    emitted = [d for d in decisions if d.emit]
+    if not emitted:
+        return [{"variable": d.switch.var, "value": d.value, "variant": "", "verdict": "nothing to check",
+                 "text": "the default is kept: no emitted value to confirm"} for d in decisions]
+    device = _check_device()
+    spec, where = spec_of(prov, None if str(results).startswith("ref:") else Path(results))
+    if spec is None:
+        raise UsageError(f"--check: cannot find the spec {results} was made from ({where})")
+    variables = {sw.var for sw in (d.switch for d in decisions)}
+    base_env = {k: v for k, v in os.environ.items() if k not in variables}
+    out_rows: list[dict] = []
+    for d in emitted:
+        cases = check_cases(d, fam, records)
+        without = run_cases(spec, cases, device, base_env)
+        with_env = run_cases(spec, cases, device, {**base_env, d.switch.var: str(d.value)})
+        out_rows += judge_check(d, cases, without, with_env)
+    return out_rows
+
+
+def _check_device():
+    from moebench.core.device import detect, require_triton, want_interpreter
+
+    try:
+        interp = want_interpreter(False)
+    except ImportError as e:
+        raise BackendError(f"--check: cannot check here: {e.name or 'torch'} is not importable") from None
+    if interp:
+        raise BackendError("--check: cannot check here: no CUDA device (the interpreter on the CPU checks "
+                           "correctness only, and the check needs timings); run it on the GPU the results came from")
+    require_triton()
+    return detect(False)
+
+
+def run_cases(spec, cases, device, environ) -> list:
+    """The one place `recommend --check` runs kernels: `cases` timed under `environ` (the kill
+    switches the variants read), records in case order. Re-point this at the run driver."""
+    from moebench.core.session import Options, Summary, run_sweep
+
+    summary = None
+    for ev in run_sweep(spec, cases, Options(timing=spec.timing, time_it=True), device, environ=environ):
+        if isinstance(ev, Summary):
+            summary = ev
+    return list(summary.records) if summary is not None else []
 
 
 @app.command(short_help="Block-size or occupancy curves as a PNG.")

@@ -1,0 +1,138 @@
+"""`moebench history add | show | check`: a results history in one SQLite file, and change points
+across it (moebench.analysis.history). Runs without torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from moebench.cli.common import DEFAULT_OUT, err, out
+from moebench.core.text import md_table
+from moebench.errors import ExitCode, UsageError
+
+app = typer.Typer(rich_markup_mode=None, no_args_is_help=True,
+                  help="A results history in one SQLite file (DB), and change points across it.")
+
+DB_OPT = typer.Option(DEFAULT_OUT / "history.sqlite", "--db", help="The history database (SQLite; made by `add`).")
+
+
+@app.command(short_help="Store results files (provenance and every record).")
+def add(
+    results: list[Path] = typer.Argument(..., help="Results .json files (or .partial.jsonl) to store."),
+    db: Path = DB_OPT,
+):
+    """Store each results file with its provenance, one transaction per file. A file already stored
+    (the same run id) is skipped, so adding again is harmless; several `add` may run at once."""
+    from moebench.analysis import REF_PREFIX, read_results
+    from moebench.analysis.history import add_results, open_db
+
+    loaded = []
+    for f in results:  # every file read before the database is touched: a bad one adds nothing
+        if str(f).startswith(REF_PREFIX):
+            raise UsageError(f"{f}: a published reference table, not a run; history stores results files")
+        loaded.append((f, *read_results(f)))
+    with open_db(db, create=True) as con:
+        for f, prov, records in loaded:
+            a = add_results(con, str(f), prov, records)
+            out.print(f"{'added' if a.new else 'already stored'} {f}: run {a.run_id}, {a.records} records"
+                      + (f", commit {str(prov.get('git_commit'))[:12]}" if prov.get("git_commit") else ""),
+                      highlight=False)
+
+
+@app.command(short_help="A case's series across runs (no CASE: the cases stored).")
+def show(
+    case: Optional[str] = typer.Argument(None, help="A case id (or its first characters); without it, list the "
+                                         "cases stored."),
+    db: Path = DB_OPT,
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's cases."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
+):
+    """One row per run of the case, in run order: commit, device, driver, median, the stated
+    interval and the timing method. Without CASE: the cases with their number of runs."""
+    from moebench.analysis.history import case_text, open_db, series, varying_params
+
+    with open_db(db) as con:
+        found = series(con, sweep=sweep, case=case)
+    if not found:
+        raise UsageError(f"{db}: no case" + (f" {case!r}" if case else "") + (f" in sweep {sweep!r}" if sweep else "")
+                         + "; `moebench history show --db DB` lists the cases")
+    if case is None or len(found) > 1:
+        keys = varying_params(found)
+        head = ["sweep", "case", "params", "runs", "timed", "last µs"]
+        rows = [[s.sweep, s.case_id, case_text(s, keys), str(len(s.points)),
+                 str(sum(p.median_us is not None for p in s.points)),
+                 next((f"{p.median_us:.4g}" for p in reversed(s.points) if p.median_us is not None), "—")]
+                for s in found]
+        _print(f"{db}: {len(found)} cases", head, rows, markdown)
+        return
+    s = found[0]
+    head = ["#", "timestamp", "commit", "device", "driver", "µs", "± %", "interval µs", "status", "method"]
+    rows = []
+    for i, p in enumerate(s.points):
+        iv = p.interval
+        m = p.method
+        rows.append([str(i + 1), p.timestamp or "—", (p.commit or "—")[:10], p.hardware.get("device") or "—",
+                     p.hardware.get("driver") or "—", f"{p.median_us:.4g}" if p.median_us is not None else "—",
+                     f"{100 * p.rel_noise:.2f}" if p.rel_noise is not None else "—",
+                     f"{iv[0]:.4g} – {iv[1]:.4g}" if iv else "—", p.status,
+                     " / ".join(str(v) for v in (m.get("timer"), m.get("estimator")) if v) or "—"])
+    _print(f"{s.sweep} {s.case_id} {case_text(s)}: {len(s.points)} runs", head, rows, markdown)
+
+
+@app.command(short_help="Change points per case (E-divisive means); exit 1 on a real regression.")
+def check(
+    db: Path = DB_OPT,
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's cases."),
+    sig: float = typer.Option(0.05, "--sig", help="Significance level of the permutation test."),
+    permutations: int = typer.Option(199, "--permutations", help="Permutations per test."),
+    min_step: float = typer.Option(1.0, "--min-step", help="A smaller step (percent) is labelled noise."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
+):
+    """E-divisive means (Matteson & James 2014, as in MongoDB's CI) on each case's medians in run
+    order. Each change point is labelled: hardware/driver change, method change, noise (the step lies
+    within the stated intervals or the runs' own scatter, or is below --min-step) or real (a
+    regression or an improvement). Exit 1 when a real
+    regression is found: a CI gate."""
+    from moebench.analysis.history import case_text, check as run_check, open_db, series, varying_params
+
+    with open_db(db) as con:
+        found = series(con, sweep=sweep)
+    if not found:
+        raise UsageError(f"{db}: no records" + (f" of sweep {sweep!r}" if sweep else ""))
+    rep = run_check(found, sig=sig, permutations=permutations, min_step=min_step / 100)
+    keys = varying_params(found)
+    head = ["case", "params", "at run", "commit", "before µs", "after µs", "step %", "p", "label", "why"]
+    rows = [[c.series.case_id, case_text(c.series, keys), str(c.index + 1), (c.at.commit or "—")[:10],
+             f"{c.before_us:.4g}", f"{c.after_us:.4g}", f"{100 * c.step:+.2f}", f"{c.p:.3f}",
+             c.label + (f" ({c.direction})" if c.label == "real" else ""), c.why] for c in rep.changes]
+    if rows:
+        _print(f"{db}: change points", head, rows, markdown, colour=[_colour(c) for c in rep.changes])
+    regs = rep.regressions
+    out.print(f"{rep.checked} series checked ({rep.short} with fewer than 4 timed runs skipped); "
+              f"{len(rep.changes)} change point(s), {sum(c.label == 'real' for c in rep.changes)} real, "
+              f"{len(regs)} real regression(s)", style="bold", highlight=False)
+    if regs:
+        err.print(f"history check: {len(regs)} real regression(s), first {regs[0].series.case_id} at run "
+                  f"{regs[0].index + 1} ({(regs[0].at.commit or '?')[:10]}), {100 * regs[0].step:+.2f}%", style="red")
+    raise typer.Exit(ExitCode.CASE_FAILED if regs else ExitCode.OK)
+
+
+def _colour(c) -> str:
+    return {"real": "red" if c.direction == "regression" else "green", "noise": "dim"}.get(c.label, "yellow")
+
+
+def _print(title: str, head: list[str], rows: list[list[str]], markdown: bool, colour: list[str] | None = None) -> None:
+    if markdown:
+        out.print(md_table(head, rows), markup=False, highlight=False, soft_wrap=True)
+        return
+    t = Table(title=title, title_justify="left")
+    for h in head:
+        t.add_column(h, justify="right" if h.endswith(("µs", "%", "#")) or h in ("runs", "timed", "p", "at run")
+                     else "left")
+    for i, r in enumerate(rows):
+        t.add_row(*[Text(c, colour[i]) if colour and h == "label" else c for h, c in zip(head, r)])
+    out.print(t)
