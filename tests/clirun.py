@@ -44,11 +44,11 @@ fixed: {{buffer_tokens: 64}}
 
 
 def interrupt_after(monkeypatch, n: int) -> None:
-    """Ctrl-C as the session meets it: a KeyboardInterrupt when the (n+1)-th case starts, the same
+    """Ctrl-C as the run driver meets it: a KeyboardInterrupt when the (n+1)-th case starts, the same
     path a real SIGINT between cases takes (the run ends with the records finished so far)."""
-    from moebench.core.session import Session
+    from moebench.core.pipeline import CasePipeline
 
-    real = Session.run_case
+    real = CasePipeline.run_case
     calls = {"n": 0}
 
     def run_case(self, case):
@@ -57,4 +57,4 @@ def interrupt_after(monkeypatch, n: int) -> None:
             raise KeyboardInterrupt
         return real(self, case)
 
-    monkeypatch.setattr(Session, "run_case", run_case)
+    monkeypatch.setattr(CasePipeline, "run_case", run_case)

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from clirun import run_cli, small_count_spec
 from moebench import cli
-from moebench.dist import merge, workers
-from moebench.dist import shards as sh
+from moebench.parallel import merge, workers
+from moebench.parallel import shards as sh
 from moebench.core.cases import Case, expand
 from moebench.errors import BackendError, UsageError
-from moebench.core.session import Options
+from moebench.core.pipeline import Options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,7 +170,7 @@ def test_partition_edges():
 
 
 def test_partition_independent_of_hash_seed():
-    code = ("from moebench.core.spec import load_spec; from moebench.core.cases import expand; from moebench.dist import shards as sh; "
+    code = ("from moebench.core.spec import load_spec; from moebench.core.cases import expand; from moebench.parallel import shards as sh; "
             "cs = expand(load_spec('count-block'), verify=True, quick=True); "
             "print([[c.id for c in s] for s in sh.partition(cs, 3)])")
     outs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
@@ -229,7 +229,7 @@ TINY = small_count_spec("tiny")
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from moebench.core.device import detect
-    from moebench.core.session import Session
+    from moebench.core.pipeline import CasePipeline
     from moebench.core.spec import load_spec
 
     p = tmp_path_factory.mktemp("tiny") / "tiny.yaml"
@@ -237,7 +237,7 @@ def tiny(tmp_path_factory):
     spec = load_spec(str(p))
     cases = expand(spec)
     opts = Options(timing=spec.timing, time_it=False)
-    runner = Session(spec, detect(True), opts)
+    runner = CasePipeline(spec, detect(True), opts)
     return spec, cases, opts, {c.id: runner.run_case(c) for c in cases}
 
 
