@@ -181,7 +181,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                         bar.describe(f"{spec.name}: {ev.what}")
                     elif isinstance(ev, Summary):
                         summary = ev
-            except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
+            except KeyboardInterrupt as e:  # landed here, between events: the driver still sums up
                 summary = events.throw(e)
             except OutputError as e:  # the disk filled up (or the folder went away) under the run
                 events.close()

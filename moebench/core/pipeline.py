@@ -439,13 +439,13 @@ class _Ahead:
     while anything is timed. Family input builders seed their own generators, so the data does not
     depend on which thread built it. A failure surfaces in the case that needs the shape."""
 
-    def __init__(self, session: "CasePipeline", cases: list[Case]):
+    def __init__(self, pipeline: "CasePipeline", cases: list[Case]):
         from concurrent.futures import ThreadPoolExecutor
 
-        self.s = session
-        workers = prefetch_workers(session.environ)
+        self.s = pipeline
+        workers = prefetch_workers(pipeline.environ)
         self.depth = workers * PREFETCH_DEPTH_PER_WORKER
-        keys = [shape_key(c, session.fam.shape_params) for c in cases]
+        keys = [shape_key(c, pipeline.fam.shape_params) for c in cases]
         first: dict[tuple, int] = {}
         for i, k in enumerate(keys):
             first.setdefault(k, i)

@@ -1,4 +1,4 @@
-"""Kernel families: what a family declares, the registry, and the contract with the session.
+"""Kernel families: what a family declares, the registry, and the contract with the case pipeline.
 
 A family is one folder, ``moebench/families/<name>/``:
 
@@ -255,7 +255,7 @@ class FamilySpec:
             out.update(self.resolve_more(variant, out, device, environ))
         return out, sources
 
-    # what the session calls on a kernel family's module (touched_bytes is optional)
+    # what the case pipeline calls on a kernel family's module (touched_bytes is optional)
     KERNEL_API = ("build_inputs", "input_bytes", "reference", "check", "nonvacuity", "work")
 
     def load(self):
