@@ -83,7 +83,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     from moebench.core.records import (OutputLock, ResultsWriter, existing_records, previous_records, provenance,
                                        record_key, result_stem, run_settings, stream_path, writable_dir)
     from moebench.core.report import sweep_markdown, verdict_line
-    from moebench.core.driver import Driver, Finished, Profiling, Retimed, Started, Summary
+    from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
     from moebench.core.passes import check_cross_checks, select
     from moebench.core.pipeline import Options, check_environment
 
@@ -166,7 +166,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
             from moebench.parallel.workers import pool
 
             workers = pool(spec, gpus, opts)
-        events = Driver(spec, device, opts, environ=environ, workers=workers).run(p.cases, done=done)
+        events = run_sweep(spec, p.cases, opts, device, done=done, workers=workers, environ=environ)  # made lazily
         with sigterm_as_interrupt(), Bar(spec.name, len(p.cases) - len(done)) as bar:
             try:
                 for ev in events:

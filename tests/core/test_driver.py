@@ -111,3 +111,25 @@ def test_a_case_keeps_nothing_for_a_pass_that_did_not_ask():
     assert list(nv.kept.values())[0]["graphs"] == ["graph"]
     nv.release()
     assert not nv.kept
+
+
+def test_record_identity_script_finds_a_changed_launch_and_a_missing_case(tmp_path, capsys):
+    """scripts/record_identity.py: what a refactor of the driver is checked with (ids, statuses,
+    checks, launch, work per record)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import record_identity
+
+    recs = [{"case_id": "a", "status": "ok", "checks": {"ref_check": "exact"}, "launch": {"block_size": 64},
+             "work": {"bytes": 10}, "timing": {"median_us": 1.0}},
+            {"case_id": "b", "status": "ok", "checks": {}, "launch": {}, "work": {}, "timing": {}}]
+    before, same, other = tmp_path / "b.json", tmp_path / "s.json", tmp_path / "o.json"
+    before.write_text(json.dumps({"provenance": {}, "records": recs}))
+    same.write_text(json.dumps({"provenance": {}, "records": [{**recs[0], "timing": {"median_us": 2.0}}, recs[1]]}))
+    other.write_text(json.dumps({"provenance": {}, "records": [{**recs[0], "launch": {"block_size": 128}}]}))
+    assert record_identity.main([str(before), str(same)]) == 0  # timings are not compared
+    assert record_identity.main([str(before), str(other)]) == 1
+    out = capsys.readouterr().out
+    assert "b: only in the first file" in out and "a: launch differs" in out and "2 differences" in out

@@ -1,4 +1,4 @@
-"""Run a built-in sweep's cases through the session in this process (for the GPU suite)."""
+"""Run a built-in sweep's cases through the run driver in this process (for the GPU suite)."""
 
 from __future__ import annotations
 
