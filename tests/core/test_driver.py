@@ -133,3 +133,15 @@ def test_record_identity_script_finds_a_changed_launch_and_a_missing_case(tmp_pa
     assert record_identity.main([str(before), str(other)]) == 1
     out = capsys.readouterr().out
     assert "b: only in the first file" in out and "a: launch differs" in out and "2 differences" in out
+
+
+def test_an_interrupted_run_lists_no_after_all_pass_it_did_not_reach(cpu_passes):
+    spec = load_spec("count-block")
+    cases = expand(spec, quick=True)[:3]
+    drv = Driver(spec, detect(True), Options(timing=spec.timing, time_it=False, cross=("echo", "tally")), environ={})
+    events = drv.run(cases)
+    first = next(e for e in events if isinstance(e, Finished))
+    summary = events.throw(KeyboardInterrupt())  # Ctrl-C between cases: the driver sums up
+    assert isinstance(summary, Summary) and not summary.complete
+    assert summary.passes == ["echo"] and [r.case_id for r in summary.records] == [first.record.case_id]
+    assert "tally" not in first.record.cross

@@ -336,8 +336,9 @@ def combine(inp: Inputs, y: torch.Tensor, layer: int, g: _Geometry) -> None:
 
 
 # ----------------------------------------------------------------------------------- the variants under test
-# The count and act kernels are other families' variants, built through their own resolve and
-# builder around this step's tensors. What this relies on (keep it stable): FamilySpec.resolve /
+# The count and act kernels are other families' variants, built through their own resolve (run
+# once per case by FAMILY.resolve, with the run's environment: resolve_delegates) and builder
+# around this step's tensors. What this relies on (keep it stable): FamilySpec.resolve /
 # .builder / .load; Built.launch / .geometry / .compile_key, and a count Built's reset (zero the
 # counters; it runs inside the step, so it must be graph-capturable); the keyword fields of count's
 # Inputs(routing_map, valid, counts_buf, counts, tokens) and act's Inputs(op, x, live, perm,
