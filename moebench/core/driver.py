@@ -162,7 +162,6 @@ class Driver:
                     if isinstance(ev, Finished):
                         records.append(ev.record)
                     yield ev
-            ran += [p.name for p in self.passes if not p.has_after_all() and records]
             for p in self.passes:
                 if not p.has_after_all():
                     continue
@@ -178,6 +177,8 @@ class Driver:
         finally:
             for p in self.passes:
                 p.release()
+        if records:  # the per-case passes ran on every case this run finished (and made the resumed ones)
+            ran += [p.name for p in self.passes if not p.has_after_all()]
         order = {c.id: i for i, c in enumerate(cases)}
         records.sort(key=lambda r: order.get(r.case_id, 0))
         add_baseline_deltas(spec, records)
