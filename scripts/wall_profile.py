@@ -233,7 +233,7 @@ def write(out: Path, recs: list[dict]) -> None:
     (out / "wall_profile.json").write_text(json.dumps(recs, indent=1))
     lines = ["## Where each command's time goes", "",
              "`scripts/wall_profile.py`: each command in a fresh process, whole command with Python start. Rows "
-             "add up to the whole command; the cases' phases come from the session (provenance.wall_phases_s).", ""]
+             "add up to the whole command; the cases' phases come from the run driver (provenance.wall_phases_s).", ""]
     summary = ["| command | run | whole command s | cases s | compiling s |", "|---|---|---|---|---|"]
     for rec in recs:
         summary.append(f"| `{' '.join(rec['argv'][:2]) if 'argv' in rec else rec['command']}` | {rec['repeat']} | "

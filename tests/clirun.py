@@ -44,11 +44,11 @@ fixed: {{buffer_tokens: 64}}
 
 
 def interrupt_after(monkeypatch, n: int) -> None:
-    """Ctrl-C as the session meets it: a KeyboardInterrupt when the (n+1)-th case starts, the same
+    """Ctrl-C as the run driver meets it: a KeyboardInterrupt when the (n+1)-th case starts, the same
     path a real SIGINT between cases takes (the run ends with the records finished so far)."""
-    from moebench.core.session import Session
+    from moebench.core.pipeline import CasePipeline
 
-    real = Session.run_case
+    real = CasePipeline.run_case
     calls = {"n": 0}
 
     def run_case(self, case):
@@ -57,4 +57,35 @@ def interrupt_after(monkeypatch, n: int) -> None:
             raise KeyboardInterrupt
         return real(self, case)
 
-    monkeypatch.setattr(Session, "run_case", run_case)
+    monkeypatch.setattr(CasePipeline, "run_case", run_case)
+
+
+# Passes that run on the CPU, for the driver's tests. Module-level classes: the per-GPU workers get
+# their passes pickled, and a spawned worker imports them from here (tests/ is on its sys.path).
+from moebench.core.passes import Pass  # noqa: E402
+
+
+class EchoPass(Pass):
+    """Per case: which process ran the case, and how many closures it saw."""
+
+    name = "echo"
+    columns = ("cross.echo_pid", "cross.echo_builts")
+    cuda_only = False
+
+    def after_case(self, ctx) -> None:
+        ctx.record.cross["echo_pid"] = os.getpid()
+        ctx.record.cross["echo_builts"] = len(ctx.builts)
+
+
+class TallyPass(Pass):
+    """After all cases: how many records the run has, and whether the pipeline was at hand."""
+
+    name = "tally"
+    columns = ("cross.tally", "cross.tally_here")
+    cuda_only = False
+    announce = "tally pass"
+
+    def after_all(self, ctx) -> None:
+        for r in ctx.records:
+            r.cross["tally"] = len(ctx.records)
+            r.cross["tally_here"] = ctx.pipeline is not None

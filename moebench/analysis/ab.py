@@ -3,16 +3,14 @@ separation, pooled sd, the effect in noise units and the per-step projection; th
 spec's cases into OFF/ON pairs, the arm schedule and the PR-ready markdown block.
 
 The schedule (`run_arms`) takes the measurement as a callable (`moebench ab` hands it the
-session's run_case), so nothing here imports a kernel or torch.
+run driver of each arm), so nothing here imports a kernel or torch.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from moebench.analysis import metric_of
 from moebench.core.stats import mean, pooled_sd, stdev
@@ -284,48 +282,44 @@ def ab_pairs(spec, cases: list, off: Sequence[Setting], on: Sequence[Setting]) -
     return pairs, notes
 
 
-@contextmanager
-def environment(settings: Sequence[Setting]) -> Iterator[None]:
-    """Set the env:NAME=VAL settings of one arm, and put the environment back afterwards."""
-    old = {s.key: os.environ.get(s.key) for s in settings}
-    try:
-        for s in settings:
-            os.environ[s.key] = str(s.value)
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def arm_environ(settings: Sequence[Setting], base: Mapping[str, str]) -> dict[str, str]:
+    """The environment one arm runs under: `base` with the arm's env:NAME=VAL settings on top. A
+    new mapping, handed to that arm's run driver; `base` (os.environ) is left as it was."""
+    env = dict(base)
+    for s in settings:
+        if s.env:
+            env[s.key] = str(s.value)
+    return env
 
 
 def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int,
-             make_runner: Callable[[], object], metric: str = "median_us",
-             on_step: Callable[[int, str, int, ABPair], None] | None = None) -> list:
-    """Arms alternate OFF/ON/OFF/ON in this process. Each arm gets a fresh runner (so inputs and
-    graphs are rebuilt and the environment is read anew); each iteration of an arm is one timed
-    measurement of every case, cases interleaved. Returns every record, tagged with its arm."""
+             make_runner: Callable[[Mapping[str, str]], object], metric: str = "median_us",
+             on_step: Callable[[int, str, int, ABPair], None] | None = None,
+             environ: Mapping[str, str] | None = None) -> list:
+    """Arms alternate OFF/ON/OFF/ON in this process. Each arm gets a fresh runner (a run driver)
+    made with that arm's environment (`environ`, default empty, plus the arm's env: settings), so
+    inputs and graphs are rebuilt and the kill switches read anew; os.environ is never written.
+    Each iteration of an arm is one timed measurement of every case, cases interleaved. Returns
+    every record, tagged with its arm."""
     records = []
     for a in range(arms):
         side = OFF if a % 2 == 0 else ON
         settings = off if side == OFF else on
         values: dict[int, list[float]] = {id(p): [] for p in pairs}
-        with environment([s for s in settings if s.env]):
-            runner = make_runner()
-            for i in range(iters):
-                for p in pairs:
-                    if on_step:
-                        on_step(a, side, i, p)
-                    rec = runner.run_case(p.off if side == OFF else p.on)
-                    rec.timing.update({"ab_arm": a + 1, "ab_side": side, "ab_iter": i + 1})
-                    records.append(rec)
-                    t = metric_of(rec, metric)
-                    if t is None:
-                        why = rec.error.splitlines()[0] if rec.error else f"no {metric}"
-                        p.errors.append(f"arm {a + 1} {side} iteration {i + 1}: {rec.status}: {why}")
-                    else:
-                        values[id(p)].append(t)
+        runner = make_runner(arm_environ(settings, environ or {}))
+        for i in range(iters):
+            for p in pairs:
+                if on_step:
+                    on_step(a, side, i, p)
+                rec = runner.run_case(p.off if side == OFF else p.on)
+                rec.timing.update({"ab_arm": a + 1, "ab_side": side, "ab_iter": i + 1})
+                records.append(rec)
+                t = metric_of(rec, metric)
+                if t is None:
+                    why = rec.error.splitlines()[0] if rec.error else f"no {metric}"
+                    p.errors.append(f"arm {a + 1} {side} iteration {i + 1}: {rec.status}: {why}")
+                else:
+                    values[id(p)].append(t)
         for p in pairs:
             p.arms.append(Arm(side, values[id(p)]))
     for p in pairs:

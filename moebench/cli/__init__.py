@@ -3,7 +3,7 @@
 - moebench.cli.run: sweep, verify
 - moebench.cli.info: validate, list, show, render, device
 - moebench.cli.analysis: ab, compare, recommend, plot
-- moebench.cli.dist: merge
+- moebench.cli.parallel: merge
 - moebench.cli.history: history add | show | check
 
 Commands are thin: parse -> call the library -> render. Library code never prints.
@@ -21,7 +21,7 @@ import sys
 
 import typer
 
-from moebench.cli import analysis, dist, history, info, run
+from moebench.cli import analysis, history, info, parallel, run
 from moebench.cli.common import STATE, err, fit_consoles, install_interrupts
 from moebench.errors import ExitCode, Interrupted, MoebenchError
 
@@ -32,7 +32,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="CUDA-graph microbenchmarks for the small kernels of MoE inference.\n\n"
                        "Exit codes: 0 ok; 1 a case failed; 2 a usage, spec or results-file error; 3 an internal "
                        "error (a bug); 130/143 interrupted (completed records saved).")
-for sub in (run.app, info.app, analysis.app, dist.app):
+for sub in (run.app, info.app, analysis.app, parallel.app):
     app.add_typer(sub)
 app.add_typer(history.app, name="history")
 

@@ -1,7 +1,7 @@
 """Commands that decide from numbers: `ab`, `compare`, `recommend`, `plot`.
 
 Thin, like the rest of the CLI: parse -> moebench.analysis -> render. The statistics, the A/B
-pairing and schedule live in moebench.analysis; `ab` hands the schedule the session's run_case.
+pairing and schedule live in moebench.analysis; `ab` hands the schedule a run driver per arm.
 Everything but `ab` runs without torch.
 """
 
@@ -111,18 +111,19 @@ def ab(
     device = detect(False)
 
     from moebench.analysis import results_json_layout
-    from moebench.analysis.ab import environment
+    from moebench.analysis.ab import arm_environ
+    from moebench.core.driver import Driver
+    from moebench.core.pipeline import Options, check_environment
     from moebench.core.records import OutputLock, atomic_write_text, provenance, writable_dir
-    from moebench.core.session import Options, Session, check_environment
 
     for side, cases in ((offs, [p.off for p in pairs]), (ons, [p.on for p in pairs])):
-        with environment([s for s in side if s.env]):  # each arm's kill switches, before any arm runs
-            check_environment(sp, cases, device, os.environ)
+        check_environment(sp, cases, device, arm_environ(side, os.environ))  # each arm's, before any arm runs
     stem = f"{sp.name}-ab" + ("-quick" if quick else "")
     dest = writable_dir(out_dir / device.slug, "--out")
 
-    def make_runner():
-        return Session(sp, device, Options(timing=sp.timing, time_it=True, traceback=STATE["verbose"]))
+    def make_runner(environ):  # one driver per arm, with that arm's environment
+        return Driver(sp, device, Options(timing=sp.timing, time_it=True, traceback=STATE["verbose"]),
+                      environ=environ)
 
     with OutputLock(dest, stem):  # held until the files are written
         with Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
@@ -131,7 +132,8 @@ def ab(
                     bar.advance()
                 bar.note(f"arm {a + 1} {side} i{i + 1} {p.text}")
 
-            records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step)
+            records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step,
+                               environ=os.environ)
             bar.advance()
 
         t = sp.timing
@@ -377,8 +379,9 @@ def _check_device():
 
 def run_cases(spec, cases, device, environ) -> list:
     """The one place `recommend --check` runs kernels: `cases` timed under `environ` (the kill
-    switches the variants read), records in case order. Re-point this at the run driver."""
-    from moebench.core.session import Options, Summary, run_sweep
+    switches the variants read), records in case order, through the run driver."""
+    from moebench.core.driver import Summary, run_sweep
+    from moebench.core.pipeline import Options
 
     summary = None
     for ev in run_sweep(spec, cases, Options(timing=spec.timing, time_it=True), device, environ=environ):

@@ -47,14 +47,14 @@ def parse_formats(text: str, option: str = "--format") -> tuple[str, ...]:
 
 
 def parse_cross(text: str | None) -> tuple[str, ...]:
-    from moebench.core.session import CROSS_CHECKS
+    from moebench.core.passes import PASSES
 
     if not text:
         return ()
     cs = tuple(c.strip() for c in text.split(",") if c.strip())
     for c in cs:
-        if c not in CROSS_CHECKS:
-            raise UsageError(f"--cross-check: unknown check {c!r}; choose from {', '.join(CROSS_CHECKS)}")
+        if c not in PASSES:
+            raise UsageError(f"--cross-check: unknown check {c!r}; choose from {', '.join(PASSES)}")
     return cs
 
 

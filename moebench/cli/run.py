@@ -1,6 +1,6 @@
-"""`moebench sweep` and `moebench verify`: plan the cases, hand them to the session, stream the
-records to disk, print the tables. The session (moebench.core.session.run_sweep) runs them; this
-module only parses, writes files and renders."""
+"""`moebench sweep` and `moebench verify`: plan the cases, hand them to the run driver, stream the
+records to disk, print the tables. The driver (moebench.core.driver.Driver) runs them; this module
+only parses, writes files and renders."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | No
     vary = varying_params(cases)
     shard_of = None
     if shard is not None or any(k in os.environ for k in ("SLURM_ARRAY_TASK_ID", "SLURM_PROCID")):
-        from moebench.dist.shards import check_shard_count, parse_shard, partition
+        from moebench.parallel.shards import check_shard_count, parse_shard, partition
 
         shard_of = parse_shard(shard, os.environ)
         if shard_of is not None:
@@ -83,11 +83,11 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     from moebench.core.records import (OutputLock, ResultsWriter, existing_records, previous_records, provenance,
                                        record_key, result_stem, run_settings, stream_path, writable_dir)
     from moebench.core.report import sweep_markdown, verdict_line
-    from moebench.core.session import (Finished, Options, Profiling, Retimed, Started, Summary, check_environment,
-                                       run_sweep)
+    from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
+    from moebench.core.passes import check_cross_checks, select
+    from moebench.core.pipeline import Options, check_environment
 
     spec = p.spec
-    from moebench.core.session import check_cross_checks
 
     fmts = parse_formats(formats)
     cross = parse_cross(cross_check)
@@ -103,16 +103,18 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     timed = time_it and device.backend == "cuda"
     gpus = None
     if devices:  # before the ceilings are measured: a bad --devices fails at once
-        from moebench.dist.workers import parse_devices
+        from moebench.parallel.workers import parse_devices
 
         if host_only or device.backend != "cuda":
             raise UsageError(f"--devices: one worker per CUDA device, but this run is on {device.name}"
                              + (" (a host-only family)" if host_only else "; drop --devices or --interpret"))
         gpus = parse_devices(devices)
-    check_environment(spec, p.cases, device, os.environ)  # kill-switch variables: exit 2 before any case
+    select(cross, backend=device.backend, timed=timed, workers=bool(gpus))  # a pass that cannot run here: exit 2
+    environ = dict(os.environ)  # the run's environment, handed down; read once
+    check_environment(spec, p.cases, device, environ)  # kill-switch variables: exit 2 before any case
     stem = result_stem(spec.name, quick=p.quick, verify=p.verify)
     if p.shard is not None:
-        from moebench.dist.shards import shard_stem
+        from moebench.parallel.shards import shard_stem
 
         stem = shard_stem(stem, *p.shard)
     writable_dir(out_dir, "--out")
@@ -130,7 +132,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         if timed:
             with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
                 ceilings = load_or_measure_ceilings(device, out_dir)
-        settings = run_settings(spec, device, timed=timed, cross=cross, environ=os.environ)
+        settings = run_settings(spec, device, timed=timed, cross=cross, environ=environ)
         extra = {"cross_checks": list(cross), "timed": timed, "n_cases": len(p.cases),
                  "shard": list(p.shard) if p.shard else None, "settings": settings}
         if any(spec.family.variants[c.variant].source == "upstream" for c in p.cases):
@@ -159,7 +161,12 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                        case_limit_s=case_limit or None)
 
         summary = None
-        events = run_sweep(spec, p.cases, opts, device, done=done, gpus=gpus)
+        workers = None
+        if gpus:
+            from moebench.parallel.workers import pool
+
+            workers = pool(spec, gpus, opts)
+        events = run_sweep(spec, p.cases, opts, device, done=done, workers=workers, environ=environ)  # made lazily
         with sigterm_as_interrupt(), Bar(spec.name, len(p.cases) - len(done)) as bar:
             try:
                 for ev in events:
@@ -174,7 +181,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                         bar.describe(f"{spec.name}: {ev.what}")
                     elif isinstance(ev, Summary):
                         summary = ev
-            except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
+            except KeyboardInterrupt as e:  # landed here, between events: the driver still sums up
                 summary = events.throw(e)
             except OutputError as e:  # the disk filled up (or the folder went away) under the run
                 events.close()
@@ -186,6 +193,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         prov["jit_specializations"] = summary.jit_specializations
         prov["wall_phases_s"] = summary.phases  # where the cases' time went (scripts/wall_profile.py)
         prov["complete"] = summary.complete
+        prov["cross_checks"] = summary.passes  # what ran, and only that
         md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
         written = writer.finalize(records, complete=summary.complete, markdown=md)
 

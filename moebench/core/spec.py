@@ -73,16 +73,11 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "rerun_rel": (float, 0.0, 1.0),
     "groups_rel_noise": (float, 0.0, 1.0),
     "placement_stride": (int, 0, 1 << 20),
-    "placement_pad": (str, None, None),
-    "code_placement": (str, None, None),
 }
 L2_MODES = ("warm", "cold")
 PLACEMENT_MEMORY = ("caching", "private")
-PLACEMENT_PADS = ("strata", "random")
-CODE_PLACEMENTS = ("group", "shared")
 # the values a string timing key takes
-TIMING_CHOICES = {"l2": L2_MODES, "placement_memory": PLACEMENT_MEMORY, "placement_pad": PLACEMENT_PADS,
-                  "code_placement": CODE_PLACEMENTS}
+TIMING_CHOICES = {"l2": L2_MODES, "placement_memory": PLACEMENT_MEMORY}
 # the keys a matrix may have at each level (the top level is checked against TOP_KEYS)
 MATRIX_KEYS = ("axes", "zip", "fixed", "where", "variants")
 
@@ -130,12 +125,6 @@ class Timing:
     # offset per fresh segment (results/h200/TIMER.md, "The address law").
     placement_strata: int = 8
     placement_stride: int = 4096
-    # strata: the k-th pool's pad is (k mod placement_strata) steps; random: a step drawn at random
-    # in [0, placement_strata) for every pool (issue 23's study)
-    placement_pad: str = "strata"
-    # group: placement group g > 0 launches its own load of every Triton kernel's binary (the code
-    # at another address; moebench.core.codeplace says why); shared: one load per process
-    code_placement: str = "group"
     # The run-to-run component no single run can see, added in quadrature to the stated 95%
     # half-width (rel_noise; the within-run part stays as rel_noise_within). On an H200 a case's
     # medians over 5 back-to-back runs had a run sd of median 0.2-0.4%, max 1.2%, while each run's

@@ -21,10 +21,9 @@ import json
 import os
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, Sequence
 
 Launch = Callable[[], None]
 # capture(fresh=True) runs a full garbage collection only when the allocator holds more than this
@@ -99,7 +98,6 @@ def time_groups(
     stop: Callable[[list[float]], bool] | None = None,
     enough: Callable[[list[list[float]]], bool] | None = None,
     keep: bool = False,
-    around_capture: Callable[[int], ContextManager] | None = None,
 ) -> Samples:
     """Time one graph per group of closures, `make_group(g)` giving group g's closures (each group
     its own buffer placements). A round replays, `batch` times each and in turn, every group that
@@ -109,8 +107,7 @@ def time_groups(
     When no group needs samples, `enough(groups)` decides: stop, or add a group (up to
     `max_groups`, and only within `max_seconds`) and go on. Without `enough` the groups present are
     enough. A replay cap per group or the time cap ends the run earlier. With `keep` the graphs
-    stay alive in the result (for a later cross-check). `around_capture(g)`: a context entered
-    around group g's warm-up and capture (moebench.core.codeplace: its own load of the kernels' code)."""
+    stay alive in the result (for a later cross-check)."""
     torch = _torch()
     graphs: list = []
     groups: list[list[float]] = []
@@ -121,9 +118,7 @@ def time_groups(
         # placements); a further group's closures are the same kernels, compiled and loaded, over
         # fresh copies: one round before capture, then the same `warmup` replays of its graph
         first = not graphs
-        fns = make_group(len(graphs))
-        with around_capture(len(graphs)) if around_capture is not None else nullcontext():
-            g = capture(fns, launches_per_graph, warmup if first else 1, fresh=first)
+        g = capture(make_group(len(graphs)), launches_per_graph, warmup if first else 1, fresh=first)
         for _ in range(max(1, warmup)):
             g.replay()
         torch.cuda.synchronize()

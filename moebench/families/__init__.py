@@ -1,4 +1,4 @@
-"""Kernel families: what a family declares, the registry, and the contract with the session.
+"""Kernel families: what a family declares, the registry, and the contract with the case pipeline.
 
 A family is one folder, ``moebench/families/<name>/``:
 
@@ -139,13 +139,17 @@ class FamilySpec:
                  ab_sections: Callable[[list], str] | None = None,
                  layers_per_launch: Callable[[dict], int] | None = None,
                  graph_launches: Callable[[dict, int], int] | None = None,
-                 reference_after_build: bool = False, origin: str = "builtin"):
+                 reference_after_build: bool = False, origin: str = "builtin",
+                 resolve_more: Callable[[str, dict, Any, Mapping[str, str]], dict] | None = None):
         """`sections(records)` adds the family's own part to a results page; `ab_sections(records)`
         the same for an `ab` run's page (its records carry timing.ab_side and ab_arm).
         `layers_per_launch(params)`: how many MoE layers one launch covers (1 unless the launch is
         a whole multi-layer step); per-step projections multiply by moe_layers / that.
         `graph_launches(params, spec_value)`: launches to capture per graph for this case, where
-        one launch can be far longer than the µs-scale kernels the spec's value is set for."""
+        one launch can be far longer than the µs-scale kernels the spec's value is set for.
+        `resolve_more(variant, params, device, environ)`: a family whose launch builds other
+        families' variants (the layer) resolves their launch values there, from the same environ,
+        once per case; what it returns is added to the parameters the builder gets."""
         self.name = name
         self.doc = doc
         self.params = params
@@ -162,6 +166,7 @@ class FamilySpec:
         self.graph_launches = graph_launches
         # the reference reads state a variant's builder prepares: never computed ahead of the build
         self.reference_after_build = reference_after_build
+        self.resolve_more = resolve_more
         self.origin = origin
         # the module with the kernels, reference, inputs and variants: a built-in family's
         # kernels.py, or a plugin's own module
@@ -246,9 +251,11 @@ class FamilySpec:
                 sources[name] = f"device {p.auto} (spec: 0)"
         for name, (var, default) in v.env.items():
             out[name], sources[name] = _read_switch(self.params[name], var, default, environ)
+        if self.resolve_more is not None:
+            out.update(self.resolve_more(variant, out, device, environ))
         return out, sources
 
-    # what the session calls on a kernel family's module (touched_bytes is optional)
+    # what the case pipeline calls on a kernel family's module (touched_bytes is optional)
     KERNEL_API = ("build_inputs", "input_bytes", "reference", "check", "nonvacuity", "work")
 
     def load(self):

@@ -370,13 +370,14 @@ def test_plot_act_with_and_without_floor(tmp_path):
 
 
 class FakeRunner:
-    """Stands in for moebench.core.session.Runner: the time of a case is a function of its block size
-    and of $FAKE_BLOCK (as the `shipped` variant reads $MCORE_COUNT_TOKENS_BLOCK)."""
+    """Stands in for moebench.core.driver.Driver: the time of a case is a function of its block size
+    and of FAKE_BLOCK in the environment it was made with (as the `shipped` variant reads
+    $MCORE_COUNT_TOKENS_BLOCK)."""
 
     made: list["FakeRunner"] = []
 
-    def __init__(self):
-        self.env = os.environ.get("FAKE_BLOCK")
+    def __init__(self, environ):
+        self.env = environ.get("FAKE_BLOCK")
         self.calls = []
         FakeRunner.made.append(self)
 
@@ -424,10 +425,16 @@ def test_run_arms_interleaves_with_a_fresh_runner_per_arm(monkeypatch):
     pairs, _ = ab_pairs(spec, cases, off, on)
     FakeRunner.made.clear()
     steps = []
-    records = run_arms(pairs, off, on, arms=4, iters=3, make_runner=FakeRunner,
-                       on_step=lambda a, side, i, p: steps.append((a, side)))
+    before = dict(os.environ)
+    seen_env = []
+
+    def step(a, side, i, p):
+        steps.append((a, side))
+        seen_env.append(os.environ.get("FAKE_BLOCK"))
+
+    records = run_arms(pairs, off, on, arms=4, iters=3, make_runner=FakeRunner, on_step=step, environ=os.environ)
     assert [r.env for r in FakeRunner.made] == ["1024", "128", "1024", "128"]
-    assert "FAKE_BLOCK" not in os.environ  # put back after the arms
+    assert dict(os.environ) == before and set(seen_env) == {None}  # never written, not even during an arm
     assert [s for _, s in dict.fromkeys(steps)] == [OFF, ON, OFF, ON]
     assert len(records) == 4 * 3 * len(pairs)
     assert {r.timing["ab_side"] for r in records} == {OFF, ON}
@@ -476,6 +483,51 @@ def test_parse_setting():
 
 
 # ----------------------------------------------------------------------------- CLI error paths
+
+
+def test_ab_switches_arms_by_environment_without_touching_os_environ(tmp_path, monkeypatch, capsys):
+    """`ab` with env: settings end to end: the real kernels under the interpreter, each arm's run driver
+    given its own environment, a stand-in for the GPU timer that reads the launch the case ran with.
+    The arms differ as the kill switch says, and os.environ is the same before, during and after."""
+    import moebench.core.device as device
+    from moebench.core.placements import Timed, Timer
+
+    real = device.detect
+    monkeypatch.setattr(device, "want_interpreter", lambda requested: False)
+    monkeypatch.setattr(device, "detect", lambda interpret: real(True))
+    monkeypatch.setattr(device, "require_triton", lambda: None)
+    monkeypatch.delenv("MCORE_COUNT_TOKENS_BLOCK", raising=False)
+    before = dict(os.environ)
+    during = []
+
+    def timed(self, case, rec, builts, **kw):
+        during.append(os.environ.get("MCORE_COUNT_TOKENS_BLOCK"))
+        rec.timing["median_us"] = 8.0 if rec.launch["block_size"] == 1024 else 2.0
+        return Timed(builts, estimate_us=rec.timing["median_us"])
+
+    monkeypatch.setattr(Timer, "time", timed)
+    spec = tmp_path / "shipped.yaml"
+    spec.write_text("""
+name: shipped
+family: count
+model: qwen3-30b-a3b
+variants: [shipped]
+baseline: {variant: persistent, block_size: 1024}
+axes: {tokens: [7, 40]}
+fixed: {buffer_tokens: 64, grid: 4}
+""")
+    code, out, err = cli(monkeypatch, capsys, "ab", spec, "--off", "env:MCORE_COUNT_TOKENS_BLOCK=1024", "--on",
+                         "env:MCORE_COUNT_TOKENS_BLOCK=128", "--arms", "2", "--iters", "2", "--out", tmp_path)
+    assert code == 0, err
+    assert dict(os.environ) == before and set(during) == {None}
+    doc = json.loads((tmp_path / real(True).slug / "shipped-ab.json").read_text())
+    by_side = {}
+    for r in doc["records"]:
+        by_side.setdefault(r["timing"]["ab_side"], set()).add(
+            (r["launch"]["block_size"], r["launch_from"]["block_size"], r["status"]))
+    assert by_side == {OFF: {(1024, "$MCORE_COUNT_TOKENS_BLOCK", "ok")},
+                       ON: {(128, "$MCORE_COUNT_TOKENS_BLOCK", "ok")}}
+    assert all(c["delta_us"] == -6.0 for c in doc["provenance"]["ab"]["cases"])
 
 
 def test_ab_without_cuda_says_it_needs_timings(monkeypatch, capsys):

@@ -40,7 +40,7 @@ def _ab_file(path, spec_name, off, on, runner):
     offs = [parse_setting(s, spec.family, "--off") for s in off]
     ons = [parse_setting(s, spec.family, "--on") for s in on]
     pairs, _ = ab_pairs(spec, expand(spec), offs, ons)
-    records = run_arms(pairs, offs, ons, arms=4, iters=3, make_runner=lambda: runner)
+    records = run_arms(pairs, offs, ons, arms=4, iters=3, make_runner=lambda environ: runner)
     prov = {"sweep": spec_name, "device": DEVICE, "ab": {"off": off, "on": on, "arms": 4, "iters": 3}}
     path.write_text(results_json_layout(prov, records))
 

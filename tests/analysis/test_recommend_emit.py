@@ -201,7 +201,8 @@ def test_check_cases_run_in_the_real_session_and_read_the_injected_switch():
     """The cases --check builds run in the session (interpreter, untimed), and the `shipped` kernel
     takes its block from the mapping handed to the run."""
     from moebench.core.device import detect
-    from moebench.core.session import Options, Summary, run_sweep
+    from moebench.core.driver import Summary, run_sweep
+    from moebench.core.pipeline import Options
     from moebench.core.spec import load_spec
 
     small = [Record(r.sweep, r.family, r.case_id, r.variant, r.label, r.status,

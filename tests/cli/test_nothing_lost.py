@@ -21,7 +21,7 @@ import pytest
 from clirun import interrupt_after, run_cli, small_count_spec
 from moebench.core import records
 from moebench.core.records import OutputLock, Record, load_results, read_stream
-from moebench.core.session import Session
+from moebench.core.pipeline import CasePipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = small_count_spec("small")  # 12 cases
@@ -57,7 +57,7 @@ def one_line(err: str) -> bool:
 def test_empty_format_is_refused_before_any_case(tmp_path, capsys, monkeypatch):
     spec = spec_file(tmp_path)
     ran = []
-    monkeypatch.setattr(Session, "run_case", lambda self, case: ran.append(case))
+    monkeypatch.setattr(CasePipeline, "run_case", lambda self, case: ran.append(case))
     code, _, err = sweep(capsys, spec, tmp_path / "r", "--format", ",")
     assert code == 2 and "--format: expected a comma list" in err and one_line(err)
     assert not ran and not (tmp_path / "r").exists()
@@ -228,7 +228,7 @@ BAD_SWITCHES = [("MCORE_COUNT_TOKENS_BLOCK", v) for v in ("abc", "100", "0", "-1
 def test_bad_kill_switch_is_a_usage_error_before_any_case(tmp_path, capsys, monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     ran = []
-    monkeypatch.setattr(Session, "run_case", lambda self, case: ran.append(case))
+    monkeypatch.setattr(CasePipeline, "run_case", lambda self, case: ran.append(case))
     name = "count-block" if var.startswith("MCORE_COUNT") else "act-grid"
     for cmd in (["sweep", name, "--quick"], ["verify", name, "--quick"]):
         code, _, err = run_cli([*cmd, "--out", str(tmp_path)], capsys)
@@ -239,27 +239,35 @@ def test_bad_kill_switch_is_a_usage_error_before_any_case(tmp_path, capsys, monk
 def test_bad_kill_switch_stops_ab_and_device_workers_before_any_case(tmp_path, capsys, monkeypatch):
     import moebench.core.device as device
     from moebench.core.cases import expand
-    from moebench.core.session import Options, run_sweep
+    from moebench.core.driver import run_sweep
+    from moebench.core.pipeline import Options
     from moebench.core.spec import load_spec
 
     spec = load_spec("count-block")
     cases = expand(spec, quick=True)
-    events = run_sweep(spec, cases, Options(timing=spec.timing, time_it=False), device.detect(True), gpus=[0],
+    spawned = []
+
+    def workers(cases, passes, environ):
+        spawned.append(cases)
+        return iter(())
+
+    events = run_sweep(spec, cases, Options(timing=spec.timing, time_it=False), device.detect(True), workers=workers,
                        environ={"MCORE_COUNT_TOKENS_BLOCK": "abc"})
     with pytest.raises(Exception, match="MCORE_COUNT_TOKENS_BLOCK"):  # before any worker is spawned
         next(events)
+    assert not spawned
     real = device.detect
     monkeypatch.setattr(device, "want_interpreter", lambda requested: False)
     monkeypatch.setattr(device, "detect", lambda interpret: real(True))
     ran = []
-    monkeypatch.setattr(Session, "run_case", lambda self, case: ran.append(case))
+    monkeypatch.setattr(CasePipeline, "run_case", lambda self, case: ran.append(case))
     code, _, err = run_cli(["ab", "count-block", "--quick", "--off", "env:MCORE_COUNT_TOKENS_BLOCK=abc", "--on",
                             "env:MCORE_COUNT_TOKENS_BLOCK=128", "--out", str(tmp_path)], capsys)
     assert code == 2 and "$MCORE_COUNT_TOKENS_BLOCK='abc'" in err and not ran
 
 
-@pytest.mark.parametrize("change", [("env", "MCORE_COUNT_TOKENS_BLOCK", "128"), ("opt", "--l2", "cold"),
-                                    ("opt", "--cross-check", "dobench")], ids=["kill-switch", "l2", "cross-check"])
+@pytest.mark.parametrize("change", [("env", "MCORE_COUNT_TOKENS_BLOCK", "128"), ("opt", "--l2", "cold")],
+                         ids=["kill-switch", "l2"])
 def test_resume_drops_records_made_under_other_settings(tmp_path, capsys, monkeypatch, change):
     spec, out = spec_file(tmp_path), tmp_path / "r"
     with monkeypatch.context() as m:
@@ -271,8 +279,7 @@ def test_resume_drops_records_made_under_other_settings(tmp_path, capsys, monkey
         monkeypatch.setenv(name, value)
     code, _, err = sweep(capsys, spec, out, "--resume", *extra)
     assert code == 0 and "--resume: kept 0 of 12 cases" in err and "4 made under other settings" in err
-    assert (f"${name}: unset -> '128'" if kind == "env" else "timing.l2: 'warm' -> 'cold'" if name == "--l2"
-            else "cross_checks: [] -> ['dobench']") in err
+    assert (f"${name}: unset -> '128'" if kind == "env" else "timing.l2: 'warm' -> 'cold'") in err
     prov, recs = load_results(out / DEV / "small.json")
     keys = {r.resume_key for r in recs}
     from moebench.core.cases import expand
@@ -283,6 +290,19 @@ def test_resume_drops_records_made_under_other_settings(tmp_path, capsys, monkey
     if name == "--l2":
         s.timing.l2 = "cold"
     assert keys == {record_key(c, prov["settings"]) for c in expand(s)}  # every record made under the stated settings
+
+
+@pytest.mark.parametrize("check", ["dobench", "nvbench", "profiler"])
+def test_a_cross_check_that_cannot_run_here_is_refused_before_any_case(tmp_path, capsys, monkeypatch, check):
+    """On the CPU (the interpreter: no timings) a cross-check would be listed and never run: exit 2, one
+    line, nothing run or written. (nvbench may be refused first for its missing package.)"""
+    ran = []
+    monkeypatch.setattr(CasePipeline, "run_case", lambda self, case: ran.append(case))
+    code, _, err = sweep(capsys, spec_file(tmp_path), tmp_path / "r", "--cross-check", check)
+    assert code == 2 and not ran and "Traceback" not in err and one_line(err), err
+    assert f"--cross-check {check}:" in err
+    assert check == "nvbench" or "needs timings on a CUDA device" in err
+    assert not list((tmp_path / "r").rglob("*.json*"))
 
 
 def test_markup_and_emoji_in_user_text_print_as_written(tmp_path, capsys):
@@ -302,7 +322,7 @@ def test_parquet_without_its_library_is_refused_before_any_case(tmp_path, capsys
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("pyarrow", "fastparquet") else real(name, *a))
     ran = []
-    monkeypatch.setattr(Session, "run_case", lambda self, case: ran.append(case))
+    monkeypatch.setattr(CasePipeline, "run_case", lambda self, case: ran.append(case))
     code, _, err = sweep(capsys, spec_file(tmp_path), tmp_path / "r", "--format", "json,parquet")
     assert code == 2 and "parquet needs pyarrow or fastparquet" in err and not ran
 

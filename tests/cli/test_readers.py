@@ -50,7 +50,7 @@ def _blocked(*args, cwd=ROOT):
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("readers")
-    from moebench.dist.shards import partition
+    from moebench.parallel.shards import partition
 
     halves = partition(expand(load_spec("count-block")), 2)
     return {"a": _timed_results(d, "count-block"), "b": _timed_results(d / "b", "count-block", scale=1.2),

@@ -10,8 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from clirun import run_cli
-from test_session import _runner as _session  # a count-block session under the interpreter
-from moebench.core import session as S
+from test_pipeline import _runner as _session  # a count-block pipeline under the interpreter
+from moebench.core import pipeline as S
+from moebench.core.driver import Driver, Finished
+from moebench.core.passes import AfterAll, CaseDone, Nvbench
+from moebench.core.placements import Placements, Timer
 from moebench.core import timing as T
 from moebench.core.cases import expand
 from moebench.core.device import detect
@@ -131,9 +134,8 @@ def test_t_quantiles_and_the_between_group_interval():
     assert between_groups_rel(meds) == pytest.approx(3.1824 * sd / 2 / 2.0, rel=1e-4)
 
 
-def test_the_session_reports_the_mean_of_group_medians_with_their_interval(monkeypatch):
+def test_the_timer_reports_the_mean_of_group_medians_with_their_interval():
     spec, run = _session(groups=3)
-    monkeypatch.setattr(S, "nvml_clocks", lambda *a: {"sm_mhz": None, "sm_max_mhz": None})
     groups = [[2.0] * 30, [2.2] * 30, [2.1] * 30]
     made = []
 
@@ -144,7 +146,8 @@ def test_the_session_reports_the_mean_of_group_medians_with_their_interval(monke
         assert kw["enough"]([[2.0] * 30] * 3) and not kw["enough"]([[2.0] * 30, [2.2] * 30, [2.1] * 30])
         return T.Samples([x for g in groups for x in g], kw["launches_per_graph"], 90, 0.01, "noise", groups)
 
-    monkeypatch.setattr(T, "time_groups", fake_time_groups)
+    timer = Timer(spec.timing, run.placements, time_groups=fake_time_groups,
+                  clocks=lambda i: {"sm_mhz": None, "sm_max_mhz": None})
     case = expand(spec, quick=True)[-1]
     params, _ = S.resolve(spec, case, run.device, {})
     sets = run.inputs(case)
@@ -156,7 +159,8 @@ def test_the_session_reports_the_mean_of_group_medians_with_their_interval(monke
         return builder(inp, params, run.device)
 
     rec = Record("s", "count", case.id, case.variant, case.label, "ok", params=dict(case.params))
-    run._time(case, rec, [builder(s, params, run.device) for s in sets], rebuild, sets)
+    timer.time(case, rec, [builder(s, params, run.device) for s in sets], launches_per_graph=200, rebuild=rebuild,
+               sets=sets)
     t = rec.timing
     assert t["median_us"] == pytest.approx(2.1) and t["groups"] == 3 and t["estimator"] == "mean of group medians"
     assert t["group_medians_us"] == [2.0, 2.2, 2.1]
@@ -218,12 +222,11 @@ def test_nvbench_results_become_per_launch_times_on_the_records(monkeypatch):
     assert got[0] == {} and got[1]["cold_us"] == pytest.approx(2.0) and got[1]["batch_us"] == pytest.approx(1.95)
     assert got[1]["cold_noise_pct"] == pytest.approx(0.3) and got[1]["cold_samples"] == 250
 
-    spec, run = _session()
-    run.opts.cross = ("nvbench",)
+    nv = Nvbench()
     recs = []
     for i, m in enumerate((2.0, 1.96)):
         r = Record("s", "count", f"c{i}", "persistent", "persistent", "ok", timing={"median_us": m})
-        run._kept[r.case_id] = {"graphs": [object(), object()], "launches": 100}
+        nv.after_case(CaseDone(SimpleNamespace(id=r.case_id), r, [], True, [object(), object()], [], None, 100))
         recs.append(r)
     seen = []
 
@@ -233,9 +236,10 @@ def test_nvbench_results_become_per_launch_times_on_the_records(monkeypatch):
 
     monkeypatch.setattr(T, "nvbench_graphs", fake_graphs)
     monkeypatch.setattr("torch.cuda.current_device", lambda: 0)
-    run.opts.time_it = True
-    run.nvbench_pass(recs)
-    assert seen == [200, 200] and not run._kept  # two graphs of 100 launches per item
+    nv.after_all(AfterAll(None, None, None, [], recs))
+    assert seen == [200, 200]  # two graphs of 100 launches per item
+    nv.release()
+    assert not nv.kept  # the graphs go once the pass is done
     assert "no measurement" in recs[0].cross["cross_error"]
     c = recs[1].cross
     assert c["nvbench_batch_us"] == 1.95 and c["nvbench_delta_pct"] == pytest.approx(100 * (1.96 - 1.95) / 1.95, abs=0.01)
@@ -248,15 +252,15 @@ def test_untimed_runs_give_the_same_records_with_inputs_built_ahead(monkeypatch)
     out = {}
     for workers in ("0", "2"):
         monkeypatch.setenv("MOEBENCH_PREFETCH", workers)
-        sess = S.Session(spec, detect(True), S.Options(timing=spec.timing, time_it=False))
-        recs = [ev.record for ev in sess.run(S.shape_major(cases, spec.family.shape_params))
-                if isinstance(ev, S.Finished)]
+        drv = Driver(spec, detect(True), S.Options(timing=spec.timing, time_it=False))
+        sess = drv.pipeline
+        recs = [ev.record for ev in drv.run(cases) if isinstance(ev, Finished)]
         assert not sess._inputs and not sess._ref and not sess._base and not sess._ahead  # all forgotten
         out[workers] = {r.case_id: (r.status, r.checks) for r in recs}
     assert out["0"] == out["2"] and len(out["0"]) == len(cases)
     assert all(s == "ok" for s, _ in out["0"].values())
     # every shape built up front (what a timed run does before its first case): the same records
-    sess = S.Session(spec, detect(True), S.Options(timing=spec.timing, time_it=False))
+    sess = S.CasePipeline(spec, detect(True), S.Options(timing=spec.timing, time_it=False))
     ahead = S._Ahead(sess, cases)
     ahead.build_all()
     assert len(sess._ahead) == len(cases) and all(f.done() for f in sess._ahead.values())
@@ -292,12 +296,14 @@ def test_placement_copies_fill_the_warm_budget_with_the_same_data():
     case = expand(spec, quick=True)[-1]
     sets = run.inputs(case)
     touched = run.impl.touched_bytes(case.params)
-    run.device = SimpleNamespace(l2_bytes=2 * touched * 20, sm_count=132, max_threads_per_sm=2048)  # room for 20
-    copies = run._placement_copies(case, sets)
+    device = SimpleNamespace(l2_bytes=2 * touched * 20, sm_count=132, max_threads_per_sm=2048,
+                             backend="interpret")  # room for 20
+    place = Placements(spec.timing, device, time_it=True, impl=run.impl)
+    copies = place.copies(case.params, sets)
     per_set = min(8, 20 // len(sets))
     assert len(copies) == len(sets) * (per_set - 1)
     c, pool = copies[0]
     assert pool is None and torch.equal(c.routing_map, sets[0].routing_map)
     assert c.routing_map.data_ptr() != sets[0].routing_map.data_ptr()
-    run.opts.timing.l2 = "cold"
-    assert run._placement_copies(case, sets) == []
+    spec.timing.l2 = "cold"
+    assert place.copies(case.params, sets) == []

@@ -306,10 +306,10 @@ def test_builtin_specs_expand(name):
 def test_quick_sweep_runs_clean():
     """The CI smoke shape through the runner: every case verified and equal to legacy."""
     from moebench.core.device import detect
-    from moebench.core.session import Options, Session
+    from moebench.core.pipeline import CasePipeline, Options
 
     spec = load_spec("act-grid-rows")
-    runner = Session(spec, detect(True), Options(timing=spec.timing, time_it=False))
+    runner = CasePipeline(spec, detect(True), Options(timing=spec.timing, time_it=False))
     recs = [runner.run_case(c) for c in expand(spec, quick=True)]
     assert [r.status for r in recs] == ["ok"] * len(recs), [r.error for r in recs]
     assert all(r.checks["baseline_equal"] for r in recs)

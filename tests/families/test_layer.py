@@ -88,16 +88,12 @@ def test_kill_switches_of_the_delegated_variants_are_read_and_recorded(decode):
     p, inp, base, _ = decode
     q = {**p, "count_variant": "shipped", "act_variant": "shipped"}
     env = {"MCORE_COUNT_TOKENS_BLOCK": "64", "MCORE_MOE_ACTIVATION_GRID_CAP": "16"}
-    qq, _ = FAM.resolve("step", q, DEV, env)
     import os
 
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        b = FAM.builder("step")(inp, qq, DEV)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    before = dict(os.environ)
+    qq, _ = FAM.resolve("step", q, DEV, env)  # the run's environment, handed down: os.environ is not read
+    b = FAM.builder("step")(inp, qq, DEV)
+    assert dict(os.environ) == before and not any(k in os.environ for k in env)
     assert b.geometry["count_block_size"] == 64 and b.launch_from["count_block_size"] == "$MCORE_COUNT_TOKENS_BLOCK"
     assert b.geometry["act_num_blocks"] == 16 and b.launch_from["act_grid_cap"] == "$MCORE_MOE_ACTIVATION_GRID_CAP"
     b.reset()
@@ -262,12 +258,12 @@ def test_the_upstream_arm_is_unavailable_here_and_the_session_says_so():
     with pytest.raises(Unavailable, match="mcore_fused_moe"):
         FAM.builder("mcore")(layer.build_inputs(p, "cpu"), p, DEV)
     from moebench.core.cases import expand
-    from moebench.core.session import Options, Session
+    from moebench.core.pipeline import CasePipeline, Options
     from moebench.core.spec import load_spec
 
     spec = load_spec("layer")
     (case,) = [c for c in expand(spec, quick=True) if c.variant == "mcore"]
-    rec = Session(spec, DEV, Options(timing=spec.timing, time_it=False), environ={}).run_case(case)
+    rec = CasePipeline(spec, DEV, Options(timing=spec.timing, time_it=False), environ={}).run_case(case)
     assert rec.status == "unavailable" and "install megatron-core" in rec.error
 
 
@@ -315,11 +311,11 @@ fixed: {tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 
         hidden: 64, ffn: 32, align: 4, op: squared_relu, count_grid: 4, layers: 2}
 """)
     from moebench.core.cases import expand
-    from moebench.core.session import Options, Session
+    from moebench.core.pipeline import CasePipeline, Options
     from moebench.core.spec import load_spec
 
     spec = load_spec(str(spec_path))
-    session = Session(spec, DEV, Options(timing=spec.timing, time_it=False), environ={})
+    session = CasePipeline(spec, DEV, Options(timing=spec.timing, time_it=False), environ={})
     mcore, ours = [session.run_case(c) for c in expand(spec)]
     assert mcore.status == "ok", mcore.error
     assert mcore.checks["baseline_equal"] is None and "atomics" in mcore.checks["baseline_skipped"]
@@ -331,6 +327,39 @@ fixed: {tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 
     bad = {**BASE, "op": "silu_mul_bounded"}
     with pytest.raises(ValueError, match="op: squared_relu"):
         FAM.builder("mcore")(layer.build_inputs(bad, "cpu"), bad, DEV)
+
+
+def test_the_drivers_environment_reaches_the_delegates_and_a_bad_switch_stops_the_run_first(tmp_path, monkeypatch):
+    """The kill switches of the layer's count and act variants come from the environment the run
+    driver was given (not os.environ), are resolved once per case, and are checked before any case."""
+    monkeypatch.setenv("MCORE_COUNT_TOKENS_BLOCK", "256")  # what the process has: not what the run was given
+    spec_path = tmp_path / "layer-env.yaml"
+    spec_path.write_text("""
+name: layer-env
+family: layer
+model: qwen3-30b-a3b
+variants: [{variant: step, params: {count_variant: shipped, act_variant: shipped}}]
+baseline: {variant: step, count_variant: persistent, count_block_size: 1024, act_variant: legacy}
+fixed: {tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 4, local_expert_start: 4,
+        hidden: 64, ffn: 32, align: 4, count_grid: 4, layers: 1}
+""")
+    from moebench.core.cases import expand
+    from moebench.core.driver import Driver, Finished
+    from moebench.core.pipeline import Options
+    from moebench.core.spec import load_spec
+    from moebench.errors import UsageError
+
+    spec = load_spec(str(spec_path))
+    env = {"MCORE_COUNT_TOKENS_BLOCK": "64", "MCORE_MOE_ACTIVATION_GRID_CAP": "16"}
+    drv = Driver(spec, DEV, Options(timing=spec.timing, time_it=False), environ=env)
+    recs = [ev.record for ev in drv.run(expand(spec)) if isinstance(ev, Finished)]
+    assert len(recs) == 1 and recs[0].status == "ok", recs[0].error
+    assert recs[0].launch["count_block_size"] == 64
+    assert recs[0].launch_from["count_block_size"] == "$MCORE_COUNT_TOKENS_BLOCK"
+    assert recs[0].launch["act_num_blocks"] == 16
+    bad = Driver(spec, DEV, Options(timing=spec.timing, time_it=False), environ={"MCORE_COUNT_TOKENS_BLOCK": "abc"})
+    with pytest.raises(UsageError, match="MCORE_COUNT_TOKENS_BLOCK"):
+        next(bad.run(expand(spec)))
 
 
 def test_the_delegated_launch_parameters_follow_the_count_and_act_families():
@@ -379,9 +408,9 @@ fixed: {{tokens: 4, buffer_tokens: 8}}
 
 class FakeRunner:
     """Times a layer case as the H200 might: the count kernel alone saves 3.2 µs, a layer step
-    2.5 µs, a 48-layer graph 110 µs."""
+    2.5 µs, a 48-layer graph 110 µs. Made per arm with that arm's environment, as a run driver is."""
 
-    def __init__(self):
+    def __init__(self, environ):
         self.n = 0
 
     def run_case(self, case):
@@ -428,20 +457,21 @@ def test_ab_command_on_the_layer_family_runs_the_kernels_and_appends_the_convers
     """`moebench ab layer-count --quick` end to end: real kernels under the interpreter, each case
     checked, with a stand-in for the GPU timer (the only part that needs a GPU)."""
     import moebench.core.device as device
-    from moebench.core.session import Session
+    from moebench.core.placements import Timed, Timer
     from clirun import run_cli
 
     monkeypatch.setattr(device, "want_interpreter", lambda requested: False)
     monkeypatch.setattr(device, "detect", lambda interpret: DEV)
     monkeypatch.setattr(device, "require_triton", lambda: None)
 
-    def timed(self, case, rec, builts, *placements):
+    def timed(self, case, rec, builts, **kw):
         p = case.params
         base = 5.0 if p["scope"] == "count" else 100.0 * p["layers"]
         saving = 3.0 if p["scope"] == "count" else 2.0 * p["layers"]
         rec.timing["median_us"] = base - (saving if p["count_block_size"] == 128 else 0.0)
+        return Timed(builts, estimate_us=rec.timing["median_us"])
 
-    monkeypatch.setattr(Session, "_time", timed)
+    monkeypatch.setattr(Timer, "time", timed)  # the timer every arm's driver builds
     spec = tmp_path / "layer-count.yaml"  # sweeps/layer-count.yaml's quick shape, with interpreter-sized grids
     spec.write_text("""
 name: layer-count
@@ -467,11 +497,11 @@ fixed: {tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 
 
 @pytest.mark.parametrize("op", ["silu_mul_bounded", "swiglu"])
 def test_the_activation_alone_through_the_session(tmp_path, op):
-    """scope act through Session.run_case, as `ab layer-act` runs it: the reference reads the FC1
+    """scope act through CasePipeline.run_case, as `ab layer-act` runs it: the reference reads the FC1
     output the builder writes, so it must come after the build (on the H200 a reference taken
     first saw no rows in use and failed every row the kernel wrote)."""
     from moebench.core.cases import expand
-    from moebench.core.session import Options, Session
+    from moebench.core.pipeline import CasePipeline, Options
     from moebench.core.spec import load_spec
 
     spec_path = tmp_path / "layer-act.yaml"
@@ -486,7 +516,7 @@ fixed: {{tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts:
         hidden: 64, ffn: 32, align: 4, count_grid: 4, act_grid_cap: 16, scope: act, op: {op}}}
 """)
     spec = load_spec(str(spec_path))
-    session = Session(spec, DEV, Options(timing=spec.timing, time_it=False), environ={})
+    session = CasePipeline(spec, DEV, Options(timing=spec.timing, time_it=False), environ={})
     recs = [session.run_case(c) for c in expand(spec)]
     assert [r.status for r in recs] == ["ok", "ok"], [r.error for r in recs]
     assert all(r.checks["baseline_equal"] for r in recs)

@@ -1,4 +1,4 @@
-"""Run a built-in sweep's cases through the session in this process (for the GPU suite)."""
+"""Run a built-in sweep's cases through the run driver in this process (for the GPU suite)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ def run(spec_name: str, *, l2: str = "warm", cross: tuple[str, ...] = (), where=
     """Records of the spec's default cases (those `where(case, impl, device)` keeps), timed on this GPU."""
     from moebench.core.cases import expand
     from moebench.core.device import detect
-    from moebench.core.session import Finished, Options, Summary, run_sweep
+    from moebench.core.driver import Finished, Summary, run_sweep
+    from moebench.core.pipeline import Options
     from moebench.core.spec import load_spec
 
     spec = load_spec(spec_name)

@@ -12,17 +12,17 @@ SEGMENT = 2 << 20
 def test_placements_step_through_the_strata_in_segments_of_their_own(gpu_log):
     from moebench.core.cases import expand
     from moebench.core.device import detect
-    from moebench.core.session import Options, Session
+    from moebench.core.pipeline import CasePipeline, Options
     from moebench.core.spec import load_spec
 
     spec = load_spec("count-block")
     t = spec.timing
     assert t.placement_memory == "private" and t.placement_strata > 1
-    run = Session(spec, detect(False), Options(timing=t, time_it=True))
+    run = CasePipeline(spec, detect(False), Options(timing=t, time_it=True))
     case = next(c for c in expand(spec) if c.params["tokens"] == 1024)
     n = 2 * t.placement_strata
     sets, pools = run._build_sets(case, n)
-    copies = [run._copy_set(sets[0], k) for k in range(n)]
+    copies = [run.placements.copy_set(sets[0], k) for k in range(n)]
     for label, placed in (("sets", sets), ("copies", [c for c, _ in copies])):
         offs = [p.counts_buf.data_ptr() % SEGMENT for p in placed]
         segs = {p.counts_buf.data_ptr() // SEGMENT for p in placed}

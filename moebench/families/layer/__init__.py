@@ -21,10 +21,10 @@ Torch-free: the catalogue and the pages' sections, which read records only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from moebench.core.text import md_table, num
-from moebench.families import FamilySpec, Param
+from moebench.families import REQUIRED, FamilySpec, Param, get_family
 from moebench.families.act import FAMILY as ACT
 from moebench.families.act import GATED_OPS, OPS
 from moebench.families.count import FAMILY as COUNT
@@ -100,6 +100,32 @@ def graph_launches(params: dict, spec_value: int) -> int:
     return max(1, min(spec_value, int(_REPLAY_BUDGET_US // est)))
 
 
+def _delegate(fam_name: str, variant: str, prefix: str, params: dict, shape: dict, device,
+              environ: Mapping[str, str]) -> tuple[dict, dict]:
+    """Another family's variant resolved as its own run would resolve it: its defaults, the shape
+    this step gives it, the PREFIX launch values of this case, its kill switches from `environ`
+    (the run's), a grid of 0 made the device's. Returns (params, sources)."""
+    fam = get_family(fam_name)
+    q = {n: p.default for n, p in fam.params.items() if p.default is not REQUIRED}
+    q.update(shape)
+    for n in fam.launch_params:
+        if params.get(prefix + n) is not None:
+            q[n] = params[prefix + n]
+    return fam.resolve(variant, q, device, environ)
+
+
+def resolve_delegates(variant: str, params: dict, device, environ: Mapping[str, str]) -> dict:
+    """The step's count and act launches, resolved once per case with the case's environment
+    (FamilySpec.resolve_more): `count_resolved` and `act_resolved`, each (params, sources). The act
+    shape (its rows come from the inputs) is added by the builder; resolving does not read it."""
+    if variant != "step":
+        return {}
+    count_shape = {**{n: params[n] for n in _ROUTING}, "seed": params["seed"]}
+    return {"count_resolved": _delegate("count", params["count_variant"], "count_", params, count_shape, device,
+                                        environ),
+            "act_resolved": _delegate("act", params["act_variant"], "act_", params, {}, device, environ)}
+
+
 FAMILY = FamilySpec(
     name="layer",
     doc="A whole bf16 MoE layer step (routing, count, offsets, permute, FC1, activation, FC2, combine) in one "
@@ -145,6 +171,7 @@ FAMILY = FamilySpec(
     layers_per_launch=layers_per_launch,
     graph_launches=graph_launches,
     reference_after_build=True,  # scope act: the reference reads the FC1 output the builder wrote
+    resolve_more=resolve_delegates,
     package=__name__,
 )
 

@@ -52,7 +52,6 @@ torch function on the same tensor) bit for bit.
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -62,9 +61,9 @@ import triton
 import triton.language as tl
 
 from moebench.errors import Unavailable
-from moebench.families import REQUIRED, Built, Check, cdiv, get_family, next_pow2
+from moebench.families import Built, Check, cdiv, get_family, next_pow2
 from moebench.families.act import PADDED_OPS
-from moebench.families.layer import _ROUTING, FAMILY, capacity_rows, expert_weight_bytes, widths
+from moebench.families.layer import _ROUTING, FAMILY, capacity_rows, expert_weight_bytes, resolve_delegates, widths
 
 # Live pairs one program of the place kernel reads per step of its walk: the whole decode map
 # (256 tokens x 8) in two steps, a 1024-wide prefix sum per step.
@@ -337,8 +336,9 @@ def combine(inp: Inputs, y: torch.Tensor, layer: int, g: _Geometry) -> None:
 
 
 # ----------------------------------------------------------------------------------- the variants under test
-# The count and act kernels are other families' variants, built through their own resolve and
-# builder around this step's tensors. What this relies on (keep it stable): FamilySpec.resolve /
+# The count and act kernels are other families' variants, built through their own resolve (run
+# once per case by FAMILY.resolve, with the run's environment: resolve_delegates) and builder
+# around this step's tensors. What this relies on (keep it stable): FamilySpec.resolve /
 # .builder / .load; Built.launch / .geometry / .compile_key, and a count Built's reset (zero the
 # counters; it runs inside the step, so it must be graph-capturable); the keyword fields of count's
 # Inputs(routing_map, valid, counts_buf, counts, tokens) and act's Inputs(op, x, live, perm,
@@ -348,18 +348,16 @@ def combine(inp: Inputs, y: torch.Tensor, layer: int, g: _Geometry) -> None:
 # FC1 output, see _Step.activation).
 
 
-def _delegate(fam_name: str, variant: str, prefix: str, params: dict, shape: dict, device) -> tuple:
-    """Another family's variant resolved as its own session would resolve it: its defaults, the
-    shape this step gives it, the PREFIX launch values of this case, its kill switches from the
-    environment, a grid of 0 made the device's. Returns (family, params, sources)."""
-    fam = get_family(fam_name)
-    q = {n: p.default for n, p in fam.params.items() if p.default is not REQUIRED}
-    q.update(shape)
-    for n in fam.launch_params:
-        if params.get(prefix + n) is not None:
-            q[n] = params[prefix + n]
-    q, sources = fam.resolve(variant, q, device, os.environ)
-    return fam, q, sources
+def _delegate(params: dict, name: str, shape: dict, device) -> tuple:
+    """The count or act variant of this case, as FAMILY.resolve resolved it with the run's
+    environment (resolve_delegates, once per case), with the shape this step gives it. Params that
+    did not go through FAMILY.resolve get the shipped defaults of its kill switches (never
+    os.environ). Returns (family, params, sources)."""
+    got = params.get(f"{name}_resolved")
+    if got is None:
+        got = resolve_delegates("step", params, device, {})[f"{name}_resolved"]
+    q, sources = got
+    return get_family(name), {**q, **shape}, sources
 
 
 class _Step:
@@ -371,7 +369,7 @@ class _Step:
         self.g = _Geometry.of(params)
         W, N = widths(params)
         shape = {**{n: params[n] for n in _ROUTING}, "seed": params["seed"]}
-        fam, cq, self.count_from = _delegate("count", params["count_variant"], "count_", params, shape, device)
+        fam, cq, self.count_from = _delegate(params, "count", shape, device)
         count_inputs = fam.load().Inputs
         builder = fam.builder(params["count_variant"])
         self.counters = [builder(count_inputs(routing_map=inp.routing_map[l], valid=inp.valid,
@@ -379,8 +377,7 @@ class _Step:
                                  cq, device) for l in range(params["layers"])]
         act_shape = {"op": params["op"], "rows": inp.rows, "live_rows": inp.rows, "ffn": N, "in_cols": W,
                      "seed": params["seed"]}
-        fam, self.act_params, self.act_from = _delegate("act", params["act_variant"], "act_", params, act_shape,
-                                                        device)
+        fam, self.act_params, self.act_from = _delegate(params, "act", act_shape, device)
         self.act_inputs = fam.load().Inputs
         self.act_builder = fam.builder(params["act_variant"])
         # built once around the fixed FC1 buffer: its geometry and compile key, and an op the

@@ -1,6 +1,6 @@
 """`moebench merge`: shard results (from --shard or a Slurm array) back into one results file.
 
-Thin, like the rest of the CLI: parse -> moebench.dist.merge.merge_results -> write -> one summary
+Thin, like the rest of the CLI: parse -> moebench.parallel.merge.merge_results -> write -> one summary
 line. Runs without torch.
 """
 
@@ -20,7 +20,7 @@ app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, 
 def _destination(output: Optional[Path], files: list[Path]) -> tuple[Path, str]:
     """-o OUT -> (directory, stem). OUT is a directory (the stem comes from the shard files, less
     their .shardIofN), or a file path with or without .json/.csv/.md. Default: beside the first file."""
-    from moebench.dist.shards import unshard_stem
+    from moebench.parallel.shards import unshard_stem
 
     stem = unshard_stem(files[0].stem)
     if output is None:
@@ -45,7 +45,7 @@ def merge(
     case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
     from moebench.core.records import OutputLock, ResultsWriter, writable_dir
     from moebench.core.report import sweep_markdown, verdict_line
-    from moebench.dist.merge import merge_results
+    from moebench.parallel.merge import merge_results
     from moebench.families import catalogue
 
     fmts = parse_formats(formats)

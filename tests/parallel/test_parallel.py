@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from clirun import run_cli, small_count_spec
 from moebench import cli
-from moebench.dist import merge, workers
-from moebench.dist import shards as sh
+from moebench.parallel import merge, workers
+from moebench.parallel import shards as sh
 from moebench.core.cases import Case, expand
 from moebench.errors import BackendError, UsageError
-from moebench.core.session import Options
+from moebench.core.pipeline import Options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,7 +170,7 @@ def test_partition_edges():
 
 
 def test_partition_independent_of_hash_seed():
-    code = ("from moebench.core.spec import load_spec; from moebench.core.cases import expand; from moebench.dist import shards as sh; "
+    code = ("from moebench.core.spec import load_spec; from moebench.core.cases import expand; from moebench.parallel import shards as sh; "
             "cs = expand(load_spec('count-block'), verify=True, quick=True); "
             "print([[c.id for c in s] for s in sh.partition(cs, 3)])")
     outs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
@@ -229,7 +229,7 @@ TINY = small_count_spec("tiny")
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from moebench.core.device import detect
-    from moebench.core.session import Session
+    from moebench.core.pipeline import CasePipeline
     from moebench.core.spec import load_spec
 
     p = tmp_path_factory.mktemp("tiny") / "tiny.yaml"
@@ -237,7 +237,7 @@ def tiny(tmp_path_factory):
     spec = load_spec(str(p))
     cases = expand(spec)
     opts = Options(timing=spec.timing, time_it=False)
-    runner = Session(spec, detect(True), opts)
+    runner = CasePipeline(spec, detect(True), opts)
     return spec, cases, opts, {c.id: runner.run_case(c) for c in cases}
 
 
@@ -420,3 +420,41 @@ def test_sweep_takes_its_shard_from_a_slurm_array(tmp_path, capsys, monkeypatch)
 
     want = sh.partition(expand(load_spec("count-block"), quick=True), 3)[1]
     assert [r["case_id"] for r in doc["records"]] == [c.id for c in want]
+
+
+def test_passes_run_inside_two_workers_and_the_summary_lists_what_ran(tiny, monkeypatch):
+    """--devices on a fake two-device setup (two interpreter workers): a per-case pass runs inside
+    each worker, an after-all pass runs here after both, and the driver lists exactly those two;
+    a pass that needs every case's graphs in one process is refused before any worker starts."""
+    import os
+
+    from clirun import EchoPass, TallyPass
+    from moebench.core import passes as P
+    from moebench.core.device import detect
+    from moebench.core.driver import Driver
+
+    spec, cases, _, single = tiny
+    monkeypatch.setitem(P.PASSES, "echo", EchoPass)
+    monkeypatch.setitem(P.PASSES, "tally", TallyPass)
+    opts = Options(timing=spec.timing, time_it=False, cross=("echo", "tally"))
+    sent = []
+
+    def two_devices(cases, passes, environ):
+        sent.append([p.name for p in passes])
+        return workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
+
+    summary = list(Driver(spec, detect(True), opts, workers=two_devices, environ=dict(os.environ)).run(cases))[-1]
+    assert sent == [["echo"]]  # only the per-case pass travels to the workers
+    assert summary.passes == ["echo", "tally"] and summary.complete
+    recs = summary.records
+    assert sorted(r.case_id for r in recs) == sorted(c.id for c in cases)
+    for r in recs:
+        assert r.status == "ok" and _same(r, single[r.case_id])
+        assert r.cross["echo_pid"] != os.getpid() and r.cross["echo_builts"] == 1  # ran in a worker
+        assert r.cross["tally"] == len(cases) and r.cross["tally_here"] is False  # here, after the workers
+    assert len({r.cross["echo_pid"] for r in recs}) <= 2
+    cuda = type("Dev", (), {"backend": "cuda", "name": "fake"})()
+    for name in ("nvbench", "profiler"):
+        with pytest.raises(UsageError, match=f"--cross-check {name}: cannot run with --devices"):
+            Driver(spec, cuda, Options(timing=spec.timing, time_it=True, cross=(name,)), workers=two_devices)
+    assert sent == [["echo"]]  # refused: no worker was asked for

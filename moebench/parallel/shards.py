@@ -2,7 +2,7 @@
 cost-balanced split, and the file names of shard results.
 
 Every shard expands the same spec, so every shard computes the same split without talking to the
-others; ``moebench merge`` puts the shard files back together (moebench.dist.merge). Torch-free.
+others; ``moebench merge`` puts the shard files back together (moebench.parallel.merge). Torch-free.
 """
 
 from __future__ import annotations

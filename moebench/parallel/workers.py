@@ -1,8 +1,10 @@
 """One worker process per GPU of this node (``--devices all|0,1,..``).
 
 Each worker pins its GPU (CUDA_VISIBLE_DEVICES, set before torch is imported), builds its own
-device info and Session, and asks the parent for the next case when it is free; records come back
-as they finish. The workers call the session; they never join the parts themselves. The module is
+device info and run driver (moebench.core.driver.Driver, with the parent's environment and the
+passes that run per case), and asks the parent for the next case when it is free; records come
+back as they finish. The workers call the driver; they never join the parts themselves, and keep
+nothing of a case after it ends. The parent's driver uses them through `pool`. The module is
 torch-free at import: the workers import torch only after pinning their GPU.
 """
 
@@ -22,7 +24,8 @@ from moebench.errors import BackendError, UsageError
 if TYPE_CHECKING:  # pragma: no cover
     from moebench.core.cases import Case
     from moebench.core.records import Record
-    from moebench.core.session import Options
+    from moebench.core.passes import Pass
+    from moebench.core.pipeline import Options
     from moebench.core.spec import Spec
 
 
@@ -70,8 +73,18 @@ def parse_devices(text: str) -> list[int]:
     return picked
 
 
+def pool(spec: "Spec", devices: Sequence[int], opts: "Options"):
+    """The run driver's `workers` for these GPUs: a callable (cases, passes, environ) -> records."""
+
+    def run(cases: Sequence["Case"], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator["Record"]:
+        return run_on_devices(spec, cases, devices, opts=opts, passes=passes, environ=environ)
+
+    return run
+
+
 def run_on_devices(spec: "Spec", cases: Sequence["Case"], devices: Sequence[int], *,
-                   opts: "Options") -> Iterator["Record"]:
+                   opts: "Options", passes: Sequence["Pass"] = (),
+                   environ: Mapping[str, str] | None = None) -> Iterator["Record"]:
     """Run cases on several GPUs of this node, one worker process per GPU; yield records as they finish
     (in completion order). A worker that dies is reported as an error record for the case it held,
     and the others drain the rest. The cases travel as they are, already expanded."""
@@ -84,7 +97,8 @@ def run_on_devices(spec: "Spec", cases: Sequence["Case"], devices: Sequence[int]
     entries = [e.strip() for e in visible.split(",")] if visible is not None else None
     keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
     yield from _run_workers(spec.path, cases, keys, interpret=False, opts=opts, sweep=spec.name,
-                            spec_sha256=spec.sha256, labels=[f"GPU {d}" for d in devices])
+                            spec_sha256=spec.sha256, labels=[f"GPU {d}" for d in devices], passes=passes,
+                            environ=environ)
 
 
 @dataclass
@@ -104,7 +118,8 @@ class _Worker:
 
 def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Sequence[str], interpret: bool, *,
                  opts: "Options", sweep: str | None = None, spec_sha256: str | None = None,
-                 labels: Sequence[str] | None = None,
+                 labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
+                 environ: Mapping[str, str] | None = None,
                  _die_on: Mapping[str, int | str] | None = None) -> Iterator["Record"]:
     """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
 
@@ -115,6 +130,8 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
     locked for the others. `_die_on` is for tests: case id -> exit code makes the worker that draws
     that case exit with that code (a negative code: killed by that signal) instead of running it;
     case id -> text makes it record that error instead (a CUDA error text: it leaves, as on a GPU).
+    `passes`: pass instances whose per-case hooks run in every worker (pickled: module-level
+    classes); `environ`: the run's environment (kill switches), None: this process's.
     """
     import multiprocessing as mp
     from multiprocessing.connection import wait
@@ -133,7 +150,8 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
     labels = list(labels) if labels is not None else [f"{'CPU' if interpret else 'GPU'} {k}" for k in worker_keys]
     by_id = {c.id: c for c in cases}
     pending = deque(c.id for c in cases)
-    payload = pickle.dumps((list(cases), opts))  # opened by the worker after it pins its GPU
+    env = dict(os.environ if environ is None else environ)
+    payload = pickle.dumps((list(cases), opts, list(passes), env))  # opened by the worker after it pins its GPU
     ctx = mp.get_context("spawn")
     workers: list[_Worker] = []
 
@@ -281,10 +299,10 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         os.environ["CUDA_VISIBLE_DEVICES"] = key
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the workers
     try:
-        cases, opts = pickle.loads(payload)
+        cases, opts, passes, environ = pickle.loads(payload)
         from moebench.core.device import detect
+        from moebench.core.driver import Driver
         from moebench.core.records import Record
-        from moebench.core.session import Session
         from moebench.core.spec import load_spec
 
         spec = load_spec(spec_path)
@@ -294,9 +312,9 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         spec.timing = opts.timing  # the parent's (an --l2 override lives there)
         device = detect(interpret)
         clocks = None if interpret else _nvml_index()
-        session = Session(spec, device, opts)
+        driver = Driver(spec, device, opts, environ=environ, passes=passes)
         if clocks is not None:
-            session.clock_index = clocks
+            driver.pipeline.timer.clock_index = clocks
         by_id = {c.id: c for c in cases}
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which goes on without us
         try:
@@ -321,7 +339,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
             c = by_id[cid]
             rec = Record(spec.name, c.family, c.id, c.variant, c.label, "error", error=hook, params=dict(c.params))
         else:
-            rec = session.run_case(by_id[cid])
+            rec = driver.run_case(by_id[cid])  # its graphs and placement copies go when it returns
         leaving = None
         if rec.status == "error" and any(s in rec.error for s in STICKY_CUDA_ERRORS):
             leaving = f"{rec.error.splitlines()[0]} (sticky: every later launch in this process would fail)"

@@ -1,0 +1,239 @@
+"""The run driver: the one thing that runs cases. `sweep`, `verify`, `--resume`, `ab` and every
+per-GPU worker of `--devices` go through `Driver`; nothing else builds a case pipeline.
+
+    Driver(spec, device, options, environ=..., workers=...)
+      .run(cases, done=...)   a whole run as events: Started / Retimed / Finished per case, Profiling
+                              when a pass's after-all hook starts, a last Summary
+      .run_case(case)         one case (ab's arms, a worker's next case)
+
+What the driver owns:
+- the environment (`environ`: the kill switches such as MCORE_COUNT_TOKENS_BLOCK, and
+  MOEBENCH_PREFETCH), injected once and handed down to the case pipeline, the families' resolve
+  and the workers; nothing reads or writes `os.environ` during a run (None: a copy of it, taken
+  when the driver is made);
+- the passes (moebench.core.passes: do_bench, nvbench, the profiler, ...): chosen from
+  `options.cross`, refused with a UsageError (exit 2) before the first case when one cannot run
+  where the cases run (the interpreter, an untimed run, inside per-GPU workers); their per-case
+  hooks run in the process that times the case, their after-all hooks here after every case; the
+  Summary lists the passes that ran, and only those (the provenance's `cross_checks`);
+- where the cases run: here, through a CasePipeline (moebench.core.pipeline), with inputs built
+  ahead on background threads; or on workers, a callable `workers(cases, passes, environ)` yielding
+  records (moebench.parallel.workers builds one per GPU: core never imports parallel);
+- the record order, baseline deltas and compile accounting of the Summary.
+
+Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py (or a module imported
+before the run), subclass `Pass`, give it a `name` (what `--cross-check` takes), its `columns`, where
+it can run (`cuda_only`, `in_workers`, `keeps_graphs`, `keeps_cases`) and an `announce` line, and
+implement `after_case(ctx: CaseDone)` (per case, right after its timing, or its checks when
+untimed: the case, its record, group 0's closures, kept graphs) and/or `after_all(ctx: AfterAll)` (after every case: the spec, device,
+options, every case and record; it may add fields to the records, e.g. `rec.work["counters"] =
+{...}` or entries of `rec.cross`). Decorate the class with `@register`. A pass that re-runs cases in
+a child process (Nsight Compute) needs only `after_all`, keeps nothing per case, and so also runs
+after `--devices` workers, here in the driver's process. `after_all` hooks run in registration order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Sequence
+
+from moebench.core.cases import Case, shape_key
+from moebench.core.device import DeviceInfo
+from moebench.core.passes import AfterAll, Pass, select
+from moebench.core.pipeline import (CasePipeline, Options, _Ahead, check_environment, prefetch_workers,
+                                    shape_major)
+from moebench.core.placements import Retimed, Timer
+from moebench.core.records import Record
+from moebench.core.spec import Spec
+
+# workers(cases, passes, environ) -> records as they finish (moebench.parallel.workers)
+Workers = Callable[[Sequence[Case], Sequence[Pass], Mapping[str, str]], Iterator[Record]]
+
+
+@dataclass
+class Started:
+    case: Case
+    index: int
+    total: int
+
+
+@dataclass
+class Finished:
+    record: Record
+    index: int
+    total: int
+
+
+@dataclass
+class Profiling:
+    """A pass over every timed case has started, after all timing: nvbench's, then the profiler's
+    (CUPTI kernel times)."""
+
+    what: str = "profiler pass (CUPTI kernel times)"
+
+
+@dataclass
+class Summary:
+    """The end of a run: every record in case order (resumed ones included), with baseline deltas;
+    compile seconds and JIT specializations of this run; the passes that ran; the signal that
+    stopped it, if one did (then the records are those completed before it)."""
+
+    records: list[Record]
+    compile_s: float
+    jit_specializations: int
+    wall_s: float
+    interrupted: int | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase (this process's cases)
+    passes: list[str] = field(default_factory=list)  # the passes that ran, in the order they ran
+
+    @property
+    def complete(self) -> bool:
+        return self.interrupted is None
+
+
+Event = Started | Retimed | Finished | Profiling | Summary
+
+
+class Driver:
+    """Runs the cases of one spec on one device. `passes`: pass instances to use as they are (a
+    worker gets its parent's); None: chosen from options.cross, and checked against where the cases
+    run. `timer` and `clock` go to the case pipeline (injected in tests)."""
+
+    def __init__(self, spec: Spec, device: DeviceInfo, options: Options, *, environ: Mapping[str, str] | None = None,
+                 workers: Workers | None = None, passes: Sequence[Pass] | None = None, timer: Timer | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.spec = spec
+        self.device = device
+        self.opts = options
+        self.environ = dict(os.environ) if environ is None else environ
+        self.workers = workers
+        self.clock = clock
+        if passes is None:
+            passes = select(options.cross, backend=device.backend, timed=options.time_it, workers=workers is not None)
+        self.passes = list(passes)
+        here = [] if workers is not None else self.passes
+        self.pipeline = CasePipeline(spec, device, options, self.environ, timer=timer, passes=here, clock=clock)
+
+    def check(self, cases: Sequence[Case]) -> None:
+        """A malformed kill-switch variable stops the run here, before its first case (UsageError)."""
+        check_environment(self.spec, list(cases), self.device, self.environ)
+
+    def run_case(self, case: Case) -> Record:
+        """One case through the pipeline, with the passes' per-case hooks."""
+        rec = self.pipeline.run_case(case)
+        self.pipeline.events.clear()
+        return rec
+
+    # ------------------------------------------------------------------ a whole run
+
+    def run(self, cases: Sequence[Case], *, done: Mapping[str, Record] | None = None) -> Iterator[Event]:
+        """A run as a stream of events: Started/Retimed/Finished per case still to run (here, or on
+        the workers), Profiling when a pass's after-all hook begins, and a last Summary. `done`
+        holds records of cases already completed (a resumed run): they are not run again but are
+        part of the Summary.
+
+        An interrupt (KeyboardInterrupt, or a signal the caller turns into one) ends the run with an
+        incomplete Summary of what finished. If it lands in the caller while it handles an event,
+        `throw` it into this generator: the Summary comes back from the throw."""
+        from moebench.core.report import add_baseline_deltas
+
+        spec, pipe = self.spec, self.pipeline
+        cases = list(cases)
+        done = dict(done or {})
+        todo = [c for c in cases if c.id not in done]
+        if not self.opts.time_it and not spec.family.host_only:
+            todo = shape_major(todo, spec.family.shape_params)
+        records = [done[c.id] for c in cases if c.id in done]
+        t0 = self.clock()
+        self.check(todo)
+        interrupted = None
+        ran: list[str] = []
+        try:
+            if self.workers is not None:
+                per_case = [p for p in self.passes if not p.has_after_all()]
+                for i, rec in enumerate(self.workers(todo, per_case, self.environ)):
+                    records.append(rec)
+                    yield Finished(rec, i, len(todo))
+            else:
+                for ev in self._run_here(todo):
+                    if isinstance(ev, Finished):
+                        records.append(ev.record)
+                    yield ev
+            for p in self.passes:
+                if not p.has_after_all():
+                    continue
+                if p.announce:
+                    yield Profiling(p.announce)
+                with pipe._phase(f"{p.name} pass"):
+                    p.after_all(AfterAll(spec, self.device, self.opts, cases, records,
+                                         pipe if self.workers is None else None))
+                p.release()
+                ran.append(p.name)
+        except KeyboardInterrupt as e:
+            interrupted = getattr(e, "signum", signal.SIGINT)
+        finally:
+            for p in self.passes:
+                p.release()
+        if records:  # the per-case passes ran on every case this run finished (and made the resumed ones)
+            ran += [p.name for p in self.passes if not p.has_after_all()]
+        order = {c.id: i for i, c in enumerate(cases)}
+        records.sort(key=lambda r: order.get(r.case_id, 0))
+        add_baseline_deltas(spec, records)
+        if self.workers is not None:  # the workers compiled (each its own JIT); this process ran no case
+            fresh = [r.timing["compile_s"] for r in records
+                     if r.case_id not in done and r.timing.get("compile_s") is not None]
+            compile_s, n_jit = sum(fresh), len(fresh)
+        else:
+            compile_s, n_jit = pipe.compile_s_total, pipe.jit_specializations
+        phases = {k: round(v, 3) for k, v in sorted(pipe.phases.items(), key=lambda kv: -kv[1])}
+        yield Summary(records, round(compile_s, 3), n_jit, round(self.clock() - t0, 2), interrupted, phases,
+                      [p.name for p in self.passes if p.name in ran])
+
+    def _run_here(self, cases: list[Case]) -> Iterator[Started | Retimed | Finished]:
+        """Run cases in order in this process, yielding events; a KeyboardInterrupt propagates
+        between cases (every Finished record before it has been yielded).
+
+        An untimed run (verify, the interpreter) builds the inputs and references of the next
+        shapes on background threads while the current case runs, and forgets a shape's inputs,
+        reference and baseline output after its last case. A timed run on a GPU builds every
+        shape's inputs in parallel before its first case, where they fit in memory together."""
+        pipe, fam = self.pipeline, self.spec.family
+        n = len(cases)
+        untimed = not self.opts.time_it and not fam.host_only
+        last = {}
+        if untimed:
+            for i, c in enumerate(cases):
+                last[shape_key(c, fam.shape_params)] = i
+        ahead = None
+        if prefetch_workers(self.environ) and not fam.host_only and (untimed or pipe.prebuild_fits(cases)):
+            ahead = _Ahead(pipe, cases)
+            if not untimed:
+                with pipe._phase("inputs + reference (built before timing, in parallel)"):
+                    ahead.build_all()
+        try:
+            for i, case in enumerate(cases):
+                if ahead is not None:
+                    ahead.feed(i)
+                yield Started(case, i, n)
+                rec = pipe.run_case(case)
+                yield from pipe.events
+                pipe.events.clear()
+                if untimed:
+                    key = shape_key(case, fam.shape_params)
+                    if last.get(key) == i:
+                        pipe.forget(key)
+                yield Finished(rec, i, n)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+
+def run_sweep(spec: Spec, cases: Sequence[Case], options: Options, device: DeviceInfo, *,
+              done: Mapping[str, Record] | None = None, workers: Workers | None = None,
+              environ: Mapping[str, str] | None = None) -> Iterator[Event]:
+    """Driver(spec, device, options, environ=environ, workers=workers).run(cases, done=done), made
+    when the first event is asked for."""
+    yield from Driver(spec, device, options, environ=environ, workers=workers).run(cases, done=done)

@@ -1,0 +1,305 @@
+"""Passes: measurements beside moebench's own timing, registered on the run driver
+(moebench.core.driver), the way tritonbench registers metrics.
+
+A pass is a subclass of `Pass` registered with `@register`. It declares
+
+- `name`: what `--cross-check NAME` asks for, and what the provenance lists when it ran;
+- `columns`: the record fields it adds (e.g. `cross.dobench_us`), for readers and the README;
+- where it can run: `cuda_only` (needs a timed run on a CUDA device: refused under the
+  interpreter and in `verify`), `in_workers` (can run inside the per-GPU workers of
+  `--devices`); the driver refuses any other combination with a UsageError (exit 2) before the
+  first case, so a pass that is listed in the provenance always ran;
+- `keeps_graphs`: the timer keeps each case's captured graphs (and the copies they read) for it;
+- `keeps_cases`: its `after_all` needs what `after_case` kept in the process that timed the case
+  (graphs, closures): then the case's memory lives until `after_all` and `release` (a pass
+  without it lets each case's graphs and input copies go when the case ends);
+
+and implements either hook or both:
+
+- `after_case(ctx: CaseDone)`: right after a case was timed (in an untimed run: right after its
+  checks; `ctx.timed` says which), in the process that ran it (a worker, with `--devices`); `ctx`
+  has the case, its record, group 0's built closures, the graphs the timer kept for this pass, the
+  copies they read and the launches per graph;
+- `after_all(ctx: AfterAll)`: after every case, in the driver's process (with `--devices`: after
+  every worker has finished); `ctx` has the spec, the device, the options, every case and every
+  record (resumed ones too), and `pipeline`, the driver's case pipeline, to rebuild a case's inputs
+  in this process (None with workers). It may add fields to any record: entries of `record.cross`,
+  or a dict of its own (a `counters` dict, say) set on the record's `work` or `cross`;
+- `release()`: drop what it kept; the driver calls it after `after_all`.
+
+`unavailable()` says in one line why the pass cannot run on this machine (a missing package), or
+None. `announce`: the progress text shown while its `after_all` runs.
+
+Adding a pass (a `counters` pass that re-runs cases under Nsight Compute in a child process):
+subclass `Pass` with `name = "counters"`, its `columns`, `cuda_only = True`, `in_workers = True`
+(its `after_all` runs in the driver's process and needs nothing the workers kept), implement
+`after_all` from `ctx.spec`, `ctx.cases` and `ctx.records`, decorate it with `@register`. `after_all` hooks run in
+registration order (nvbench before the profiler: CUPTI disturbs later replays). A pass class
+must be importable by name (a module-level class), since the workers get their passes pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from moebench.core.placements import group_medians
+from moebench.core.records import Record
+from moebench.core.stats import mean
+from moebench.errors import BackendError, UsageError
+
+
+@dataclass
+class CaseDone:
+    """What a pass's after_case hook sees: one case right after it was timed (or checked, untimed)."""
+
+    case: Any
+    record: Record
+    builts: list  # group 0's Built closures (one per placement of its rotation); untimed: the checked one
+    timed: bool = True
+    graphs: list = field(default_factory=list)  # the captured graphs, when a pass asked to keep them
+    held: list = field(default_factory=list)  # the copies (and pools) group 0 and the kept graphs read
+    pools: Any = None  # the memory pools of the case's input sets (private placements)
+    launches_per_graph: int = 0
+
+
+@dataclass
+class AfterAll:
+    """What a pass's after_all hook sees: the whole run."""
+
+    spec: Any
+    device: Any
+    options: Any
+    cases: list
+    records: list[Record]
+    pipeline: Any = None  # the driver's CasePipeline (None when the cases ran in workers)
+
+
+class Pass:
+    name: ClassVar[str] = ""
+    columns: ClassVar[tuple[str, ...]] = ()
+    cuda_only: ClassVar[bool] = True
+    in_workers: ClassVar[bool] = True
+    keeps_graphs: ClassVar[bool] = False
+    keeps_cases: ClassVar[bool] = False
+    announce: ClassVar[str | None] = None
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def after_case(self, ctx: CaseDone) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def after_all(self, ctx: AfterAll) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def release(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    @classmethod
+    def has_after_all(cls) -> bool:
+        return cls.after_all is not Pass.after_all
+
+
+PASSES: dict[str, type[Pass]] = {}
+
+
+def register(cls: type[Pass]) -> type[Pass]:
+    """Register a pass class under its name (a later registration of the same name replaces it)."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}: a pass needs a name")
+    PASSES[cls.name] = cls
+    return cls
+
+
+def cross_check_problem(names: tuple[str, ...]) -> str | None:
+    """One line saying why a requested pass cannot run on this machine, or None."""
+    for n in names:
+        cls = PASSES.get(n)
+        if cls is None:
+            return f"--cross-check: unknown {n!r}; expected {', '.join(PASSES)}"
+        why = cls().unavailable()
+        if why:
+            return why
+    return None
+
+
+def check_cross_checks(names: tuple[str, ...]) -> None:
+    problem = cross_check_problem(names)
+    if problem:
+        raise BackendError(problem)
+
+
+def select(names, *, backend: str, timed: bool, workers: bool) -> list[Pass]:
+    """Fresh instances of the named passes, in registration order, or a UsageError naming the first
+    that cannot run where these cases run (the interpreter, an untimed run, per-GPU workers)."""
+    wanted = list(dict.fromkeys(names))
+    unknown = [n for n in wanted if n not in PASSES]
+    if unknown:
+        raise UsageError(f"--cross-check: unknown {', '.join(map(repr, unknown))}; expected {', '.join(PASSES)}")
+    out = []
+    for name, cls in PASSES.items():
+        if name not in wanted:
+            continue
+        if cls.cuda_only and (backend != "cuda" or not timed):
+            where = "an untimed run" if backend == "cuda" else f"this run ({backend}: the Triton interpreter, " \
+                    "correctness only)" if backend == "interpret" else f"this run ({backend})"
+            raise UsageError(f"--cross-check {name}: needs timings on a CUDA device, and {where} has none; "
+                             f"drop --cross-check {name}")
+        if workers and not (cls.in_workers and not cls.keeps_cases):
+            raise UsageError(f"--cross-check {name}: cannot run with --devices (its pass needs every case's graphs "
+                             "in one process); drop --devices or the cross-check")
+        out.append(cls())
+    return out
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else repr(e))[:300]
+
+
+# ----------------------------------------------------------------------------------- the built-in passes
+
+
+@register
+class DoBench(Pass):
+    """triton's do_bench_cudagraph on the same closures, right after our own timing. The profiler
+    pass runs later, after every case: once the PyTorch profiler (CUPTI) has been started in a
+    process, do_bench_cudagraph read up to ~20% high on the H200 in every later case, while the
+    first case, timed before any profiling, agreed within 0.3% (results/h200/TIMER.md)."""
+
+    name = "dobench"
+    columns = ("cross.dobench_us", "cross.dobench_delta_pct", "cross.cross_error")
+
+    def after_case(self, ctx: CaseDone) -> None:
+        from moebench.core.timing import dobench_cudagraph_us
+
+        rec = ctx.record
+        fns = [b.launch for b in ctx.builts]
+
+        def all_sets():  # the same rotation as the timed graph: one call launches every set once
+            for f in fns:
+                f()
+
+        try:
+            v = dobench_cudagraph_us(all_sets) / len(fns)
+            # against the same placements: with placement groups, group 0's median
+            mine = group_medians(rec)[0]
+            rec.cross["dobench_us"] = round(v, 4)
+            rec.cross["dobench_delta_pct"] = round(100 * (mine - v) / v, 2)
+        except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timing stands
+            rec.cross["cross_error"] = _one_line(e)
+
+
+@register
+class Nvbench(Pass):
+    """nvbench times every timed case's own graph (kept by the timer, over the same buffers), with
+    its own cold and batch measurements and its own stopping rule, in one run (cuda.bench runs its
+    benchmarks once per process), after all timing and before any profiling. Each record gets
+    nvbench's per-launch times and their difference to moebench's number."""
+
+    name = "nvbench"
+    columns = ("cross.nvbench_batch_us", "cross.nvbench_delta_pct", "cross.nvbench_cold_us",
+               "cross.nvbench_cold_delta_pct", "cross.nvbench_noise_pct", "cross.nvbench_cold_samples",
+               "cross.nvbench_batch_samples", "cross.cross_error")
+    in_workers = False
+    keeps_graphs = True
+    keeps_cases = True
+    announce = "nvbench pass (cold and batch replays of every timed graph)"
+
+    def __init__(self):
+        self.kept: dict[str, dict] = {}  # case id -> timed graphs and what they read
+
+    def unavailable(self) -> str | None:
+        from moebench.core.timing import nvbench_unavailable
+
+        why = nvbench_unavailable()
+        if why:
+            return (f"--cross-check nvbench: cuda.bench is not importable here ({why}); install it with "
+                    "pip install 'moebench[nvbench]' (the cuda-bench wheel, and a cuda-bindings of your CUDA major)")
+        return None
+
+    def after_case(self, ctx: CaseDone) -> None:
+        self.kept[ctx.case.id] = {"graphs": ctx.graphs, "builts": ctx.builts, "copies": ctx.held,
+                                  "pools": ctx.pools, "launches": ctx.launches_per_graph}
+
+    def after_all(self, ctx: AfterAll) -> None:
+        import torch
+
+        from moebench.core.timing import NvbenchItem, nvbench_graphs
+
+        todo = [(r, self.kept[r.case_id]) for r in ctx.records
+                if r.status == "ok" and r.timing.get("median_us") is not None and r.case_id in self.kept]
+        items = [NvbenchItem(lambda gs=k["graphs"]: [g.replay() for g in gs], k["launches"] * len(k["graphs"]))
+                 for _, k in todo]
+        try:
+            results = nvbench_graphs(items, torch.cuda.current_device()) if items else []
+        except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timings stand
+            for rec, _ in todo:
+                rec.cross["cross_error"] = f"nvbench: {_one_line(e)}"
+            results = []
+        for (rec, k), got in zip(todo, results):
+            # against the same graphs: the mean of the kept groups' medians (the first `groups`)
+            m = mean(group_medians(rec)[:len(k["graphs"])])
+            if got.get("batch_us"):
+                rec.cross["nvbench_batch_us"] = round(got["batch_us"], 4)
+                rec.cross["nvbench_delta_pct"] = round(100 * (m - got["batch_us"]) / got["batch_us"], 2)
+            if got.get("cold_us"):
+                rec.cross["nvbench_cold_us"] = round(got["cold_us"], 4)
+                rec.cross["nvbench_cold_delta_pct"] = round(100 * (m - got["cold_us"]) / got["cold_us"], 2)
+            if got.get("cold_noise_pct") is not None:
+                rec.cross["nvbench_noise_pct"] = round(got["cold_noise_pct"], 3)
+            for key in ("cold_samples", "batch_samples"):
+                if got.get(key) is not None:
+                    rec.cross[f"nvbench_{key}"] = got[key]
+            if not got:
+                rec.cross["cross_error"] = "nvbench: no measurement for this graph (skipped or timed out)"
+
+    def release(self) -> None:
+        self.kept.clear()
+
+
+@register
+class Profiler(Pass):
+    """Pure kernel time from the PyTorch profiler (CUPTI) for every timed record, in a pass of its
+    own after all timing; node gap = graph-replay time - kernel time."""
+
+    name = "profiler"
+    columns = ("cross.kernel_us", "cross.node_gap_us", "cross.cross_error")
+    in_workers = False
+    keeps_cases = True
+    announce = "profiler pass (CUPTI kernel times)"
+
+    def __init__(self):
+        self.kept: dict[str, tuple] = {}  # case id -> group 0's closures and the copies they read
+
+    def after_case(self, ctx: CaseDone) -> None:
+        # the profiler pass profiles the placements group 0 timed (its closures and copies)
+        self.kept[ctx.case.id] = ([b.launch for b in ctx.builts], list(ctx.held))
+
+    def after_all(self, ctx: AfterAll) -> None:
+        from moebench.core.timing import profiler_kernel_us
+
+        by_id = {c.id: c for c in ctx.cases}
+        pipe = ctx.pipeline
+        for rec in ctx.records:
+            case = by_id.get(rec.case_id)
+            if case is None or rec.status != "ok" or rec.timing.get("median_us") is None:
+                continue
+            try:
+                fns, held = self.kept.pop(rec.case_id, (None, None))  # held: the copies fns read
+                if fns is None:  # resumed or timed elsewhere: the case's input sets
+                    fns = pipe.launches(case)
+                    mine = rec.timing["median_us"]
+                else:  # against the same placements: with placement groups, group 0's median
+                    mine = group_medians(rec)[0]
+                v = profiler_kernel_us(fns, pipe.launches_per_graph(case))
+                if v is not None:
+                    rec.cross["kernel_us"] = round(v, 4)
+                    rec.cross["node_gap_us"] = round(mine - v, 4)
+            except Exception as e:  # noqa: BLE001
+                rec.cross["cross_error"] = _one_line(e)
+
+    def release(self) -> None:
+        self.kept.clear()
+

@@ -1,0 +1,481 @@
+"""The case pipeline: one case from its spec values to its Record.
+
+    case -> resolve launch values (once) -> inputs -> variant closure -> reset/poison -> run once
+         -> verify (torch reference, baseline launch) -> time (moebench.core.placements.Timer)
+         -> the passes' per-case hooks -> Record
+
+`CasePipeline.run_case` runs one case; the run driver (moebench.core.driver) runs the cases of a
+sweep, verify, resume, ab and every per-GPU worker through it. It never prints. A case that fails
+is recorded with its error and the run goes on; a case whose kernel source is missing (an upstream
+kernel not installed here) is recorded as `unavailable` with what to install.
+
+Each launch value is resolved once per case, in `resolve`: the spec's value, a kill-switch variable
+(MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) read from the injected `environ` or its
+shipped default, the SM count for a grid of 0. The record carries the value in `launch` and where
+it came from in `launch_from`; every reader uses that field.
+
+The timer and the clock are constructor arguments (real ones by default): a test hands in a
+Timer with a scripted clock instead of patching this module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+from moebench.core.cases import Case, baseline_case, shape_key
+from moebench.core.device import DeviceInfo
+from moebench.core.passes import CaseDone, Pass
+from moebench.core.placements import Placements, Timer, floors, occupancy
+from moebench.core.records import Record
+from moebench.core.spec import Spec, Timing
+from moebench.errors import Unavailable
+from moebench.families import Check
+
+# Background input building (untimed runs only: `verify`, interpreter runs). Workers: half the
+# cores, at most 8 (torch's own CPU kernels already use several threads each); $MOEBENCH_PREFETCH
+# sets the number, 0 turns it off. Each worker keeps two shapes in flight.
+PREFETCH_MAX_WORKERS = 8
+PREFETCH_DEPTH_PER_WORKER = 2
+# A timed run builds every shape's input sets before its first case, in parallel, when they fit
+# together in this much memory (4 GiB, and a quarter of what is free): count-block's take 16 MiB,
+# act-grid's about 1 GiB. Otherwise each shape is built when its first case comes, as before.
+PREBUILD_MAX_BYTES = 4 << 30
+PREBUILD_FREE_SHARE = 0.25
+
+
+@dataclass
+class Options:
+    timing: Timing
+    time_it: bool = True  # False: correctness only (interpreter, or `verify`)
+    cross: tuple[str, ...] = ()  # the passes asked for (--cross-check), by name
+    ceilings: dict[str, Any] = field(default_factory=dict)
+    traceback: bool = False  # keep the traceback in a failed record's error
+    # under the interpreter, a case still running after this many seconds is stopped and recorded as
+    # an error (a grid of a million programs runs one program at a time there); None: no limit
+    case_limit_s: float | None = None
+
+
+# ----------------------------------------------------------------------------------- resolving
+
+
+def resolve(spec: Spec, case: Case, device: DeviceInfo, environ: Mapping[str, str]) -> tuple[dict, dict]:
+    """The parameters a case's kernel runs with, and where each launch value came from
+    (FamilySpec.resolve)."""
+    return spec.family.resolve(case.variant, case.params, device, environ, case.origins)
+
+
+def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ: Mapping[str, str]) -> None:
+    """Resolve one case of each variant (and the baseline launch) up front, so a malformed
+    kill-switch variable stops a run before its first case (UsageError naming the variable and
+    its accepted values), not as a failure in every case. Every switch of the family is checked,
+    read by this run's variants or not: each is part of the settings a record is resumed under.
+    Torch-free: it only resolves."""
+    seen = set()
+    for c in cases:
+        if c.variant not in seen:
+            seen.add(c.variant)
+            resolve(spec, c, device, environ)
+    if spec.baseline and cases:
+        resolve(spec, baseline_case(spec, cases[0]), device, environ)
+    for v in spec.family.variants.values():
+        if v.env and v.name not in seen and cases:
+            spec.family.resolve(v.name, dict(cases[0].params), device, environ)
+
+
+class CaseTimeLimit(Exception):
+    """A case ran past Options.case_limit_s under the interpreter."""
+
+
+@contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise CaseTimeLimit in this (main) thread once `seconds` have passed, and every second after
+    that in case something swallowed the first one; a no-op without a limit or off the main thread."""
+    import threading
+
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_signum, _frame):
+        raise CaseTimeLimit(f"still running after {seconds:g} s under the Triton interpreter (--case-limit); "
+                            "shrink the shape or raise the limit")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# ----------------------------------------------------------------------------------- the pipeline
+
+
+class CasePipeline:
+    """Runs cases one at a time (`run_case`), keeping each shape's inputs, reference and baseline
+    output for the cases that share them. `environ`: the kill switches (None: a copy of os.environ
+    now); `timer`: the case timer (a Timer over this pipeline's placements by default); `passes`:
+    pass instances whose per-case hooks run right after each timed case; `clock`: the wall clock of
+    compile accounting and phases."""
+
+    def __init__(self, spec: Spec, device: DeviceInfo, options: Options, environ: Mapping[str, str] | None = None, *,
+                 timer: Timer | None = None, passes: tuple[Pass, ...] | list[Pass] = (),
+                 clock: Callable[[], float] = time.perf_counter):
+        self.spec = spec
+        self.fam = spec.family
+        self.device = device
+        self.opts = options
+        self.environ = dict(os.environ) if environ is None else environ
+        self.torch_device = "cuda" if device.backend == "cuda" else "cpu"
+        self.impl = None if self.fam.host_only else self.fam.load()
+        self.placements = Placements(options.timing, device, time_it=options.time_it, impl=self.impl)
+        self.timer = timer if timer is not None else Timer(options.timing, self.placements)
+        self.passes = list(passes)
+        self.keep_graphs = any(p.keeps_graphs for p in self.passes)
+        self.clock = clock
+        self._inputs: dict[tuple, list] = {}  # shape key -> input sets
+        self._pools: dict[tuple, list] = {}  # shape key -> the memory pools of those sets (private placements)
+        self._ref: dict[tuple, Any] = {}
+        self._base: dict[tuple, Any] = {}
+        self._ahead: dict[tuple, Any] = {}  # shape key -> Future of (sets, pools, reference), built in the background
+        self._compiled: set[tuple] = set()
+        self.compile_s_total = 0.0
+        self.events: list = []  # Retimed events of the case running, for the driver to hand on
+        self.phases: dict[str, float] = defaultdict(float)  # wall seconds per phase of the cases
+        self._phase_lock = threading.Lock()
+        if device.backend == "interpret":
+            from moebench.core.device import interpreter_without_discarded_checks
+
+            interpreter_without_discarded_checks()
+
+    @property
+    def jit_specializations(self) -> int:
+        return len(self._compiled)
+
+    def prebuild_fits(self, cases: list[Case]) -> bool:
+        """Whether every shape's timing input sets together fit the prebuild budget (a share of the
+        free device memory), so a timed run can build them all up front."""
+        if self.torch_device != "cuda":
+            return False
+        import torch
+
+        need, seen = 0, set()
+        for c in cases:
+            key = shape_key(c, self.fam.shape_params)
+            if key not in seen:
+                seen.add(key)
+                need += self.impl.input_bytes(c.params) * self.placements.n_sets(c.params)
+        free, _ = torch.cuda.mem_get_info()
+        return need <= min(PREBUILD_MAX_BYTES, PREBUILD_FREE_SHARE * free)
+
+    def run_case(self, case: Case) -> Record:
+        rec = Record(self.spec.name, self.fam.name, case.id, case.variant, case.label, "ok",
+                     params={k: v for k, v in case.params.items()})
+        try:
+            params, sources = resolve(self.spec, case, self.device, self.environ)
+            rec.launch = {k: params[k] for k in sources}
+            rec.launch_from = sources
+            if self.fam.host_only:
+                rec.work = self.fam.builder(case.variant)(params)
+                return rec
+            with _time_limit(self.opts.case_limit_s if self.device.backend == "interpret" else None):
+                self._kernel_case(case, params, rec)
+        except KeyboardInterrupt:
+            raise
+        except Unavailable as e:
+            rec.status = "unavailable"
+            rec.error = str(e)
+        except Exception as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
+            rec.status = "error"
+            rec.error = f"{type(e).__name__}: {_one_line(e)}"
+            while e is not None and not isinstance(e, CaseTimeLimit):  # the interpreter wraps what it met
+                e = e.__cause__ or e.__context__
+            if e is not None:
+                rec.error = f"{type(e).__name__}: {_one_line(e)}"
+            if self.opts.traceback:
+                rec.error += "\n" + traceback.format_exc()
+        return rec
+
+    # ------------------------------------------------------------------ inputs & references
+
+    def inputs(self, case: Case) -> list:
+        key = shape_key(case, self.fam.shape_params)
+        n = self.placements.n_sets(case.params)
+        have = self._inputs.get(key)
+        if (have is None or len(have) < n) and key in self._ahead:
+            sets, pools, ref = self._ahead.pop(key).result()  # (the caller's "inputs" phase holds the wait)
+            self._keep_inputs(key, sets, pools)
+            if ref is not None:
+                self._ref.setdefault(key, ref)
+            have = sets
+        if have is None or len(have) < n:
+            sets, pools = self._build_sets(case, n)
+            self._keep_inputs(key, sets, pools)
+        return self._inputs[key][:n]
+
+    def _keep_inputs(self, key: tuple, sets: list, pools: list) -> None:
+        if len(self._inputs) > 4:  # keep memory bounded: inputs are rebuilt on demand
+            self._inputs.clear()
+            self._pools.clear()
+        self._inputs[key] = sets
+        self._pools[key] = pools
+
+    def _build_sets(self, case: Case, n: int) -> tuple[list, list]:
+        """`n` input sets of a case's shape, each in its own memory pool with private placements."""
+        self._check_memory(case, n)
+        sets, pools = [], []
+        for i in range(n):
+            with self.placements._placement(i) as pool:
+                sets.append(self.impl.build_inputs(case.params, self.torch_device, i))
+            pools.append(pool)
+        return sets, pools
+
+    def _build_shape(self, case: Case) -> tuple[list, list, Any]:
+        """A shape's input sets and its reference, for the background (see _Ahead)."""
+        with self._phase("inputs + reference (background threads)"):
+            sets, pools = self._build_sets(case, self.placements.n_sets(case.params))
+            if self.fam.reference_after_build:
+                return sets, pools, None
+            return sets, pools, self.impl.reference(sets[0], case.params)
+
+    def forget(self, key: tuple) -> None:
+        """Drop a shape's inputs, reference and baseline output (after its last case)."""
+        for d in (self._inputs, self._pools, self._ref, self._base):
+            d.pop(key, None)
+
+    @contextmanager
+    def _phase(self, name: str):
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            dt = self.clock() - t0
+            with self._phase_lock:
+                self.phases[name] += dt
+
+    def _check_memory(self, case: Case, n_sets: int) -> None:
+        """Refuse a case whose inputs would not fit, before allocating anything."""
+        need = self.impl.input_bytes(case.params) * n_sets
+        if self.torch_device == "cuda":
+            import torch
+
+            free, _ = torch.cuda.mem_get_info()
+            where = self.device.name
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            where = "this host (interpreter run)"
+        if need > 0.8 * free:
+            raise MemoryError(f"would not fit: needs ~{need / 2**30:.2f} GiB of inputs, {free / 2**30:.2f} GiB "
+                              f"free on {where}; shrink the shape")
+
+    def reference(self, case: Case, inp) -> Any:
+        key = shape_key(case, self.fam.shape_params)
+        if key not in self._ref:
+            self._ref[key] = self.impl.reference(inp, case.params)
+        return self._ref[key]
+
+    def baseline_output(self, case: Case, inp) -> Any:
+        """Output of the spec's baseline launch on the same inputs (run once per shape)."""
+        key = shape_key(case, self.fam.shape_params)
+        if key not in self._base:
+            base = baseline_case(self.spec, case)
+            params, _ = resolve(self.spec, base, self.device, self.environ)
+            built = self.fam.builder(base.variant)(inp, params, self.device)
+            self._first_launch(built)
+            self._base[key] = built.output.clone()
+        return self._base[key]
+
+    def launches(self, case: Case) -> list:
+        """The launch closures of a case over its input sets (for a pass that profiles a case it did
+        not see timed: a resumed one)."""
+        params, _ = resolve(self.spec, case, self.device, self.environ)
+        builder = self.fam.builder(case.variant)
+        return [builder(s, params, self.device).launch for s in self.inputs(case)]
+
+    # ------------------------------------------------------------------ launching
+
+    def _sync(self) -> None:
+        if self.torch_device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _first_launch(self, built) -> float | None:
+        """Reset and run once: the launch whose output is checked, and the one that compiles a new
+        JIT specialization, so compiling stays out of any timing. Returns the seconds of this
+        launch when it compiled a new specialization (compile time plus one run of the kernel),
+        else None."""
+        new = built.compile_key not in self._compiled
+        built.reset()
+        t0 = self.clock()
+        built.launch()
+        self._sync()
+        dt = self.clock() - t0
+        if new:
+            self._compiled.add(built.compile_key)
+            self.compile_s_total += dt
+            return dt
+        return None
+
+    # ------------------------------------------------------------------ one case
+
+    def _kernel_case(self, case: Case, params: dict, rec: Record) -> None:
+        builder = self.fam.builder(case.variant)
+        with self._phase("inputs"):
+            sets = self.inputs(case)
+        inp = sets[0]
+        with self._phase("build closures"):
+            built = builder(inp, params, self.device)
+        # after the build: a family's reference may read what its builder prepared (the layer's
+        # activation-alone scope reads the FC1 output the step wrote)
+        with self._phase("reference"):
+            expected = self.reference(case, inp)
+        rec.launch.update(built.geometry)
+        rec.launch_from.update(built.launch_from)
+        inexact = built.inexact  # why this launch cannot equal the baseline bit for bit
+
+        # checked launch: reset/poison, one launch (it also compiles, outside any timing), then
+        # compare to torch, right away (the guard cells are the variant's alone), and to the
+        # baseline launch on the same inputs (which reuses them, so the output is copied first)
+        with self._phase("compile + checked launch"):
+            compile_s = self._first_launch(built)
+        rec.timing["compile_s"] = round(compile_s, 4) if compile_s is not None else None
+        with self._phase("check"):
+            out = built.output
+            chk: Check = self.impl.check(inp, out, expected, case.params)
+            rec.checks["ref_check"] = chk.detail
+            vacuity = self.impl.nonvacuity(inp, out, case.params)
+        if self.spec.baseline and not inexact:
+            import torch
+
+            mine = out.clone()
+            with self._phase("baseline launch"):
+                base = self.baseline_output(case, inp)
+            with self._phase("check"):
+                rec.checks["baseline_equal"] = bool(torch.equal(mine, base))
+        elif inexact:
+            rec.checks["baseline_equal"] = None
+            rec.checks["baseline_skipped"] = inexact
+        rec.checks.update(vacuity)
+        if not chk.ok or rec.checks.get("baseline_equal") is False:
+            rec.status = "mismatch"
+            rec.error = chk.detail if not chk.ok else "differs from the baseline launch (torch.equal)"
+
+        rec.work = self.impl.work(case.params, built.geometry, self.device)
+        occupancy(rec.work, self.device)
+        if not self.opts.time_it:
+            self._after_case(CaseDone(case, rec, [built], False))
+            return
+        with self._phase("placement copies"):
+            copies = self.placements.copies(case.params, sets)
+        rotation = sets + [c for c, _ in copies]
+        with self._phase("build closures"):
+            builts = [built] + [builder(s, params, self.device) for s in rotation[1:]]
+        with self._phase("timing"):
+            self._time(case, rec, builts, lambda inp_: builder(inp_, params, self.device), rotation, copies)
+
+    def _time(self, case: Case, rec: Record, builts: list, rebuild, sets: list, held: list) -> None:
+        """Time the case (the Timer), read it against its floors, then run the passes' per-case hooks
+        on what the timing left (group 0's closures, the graphs kept for a pass)."""
+        timed = self.timer.time(case, rec, builts, launches_per_graph=self.launches_per_graph(case), rebuild=rebuild,
+                                sets=sets, held=held, keep_graphs=self.keep_graphs, on_retime=self.events.append)
+        floors(rec, timed.estimate_us, len(builts), self.opts.ceilings, self.device, self.opts.timing)
+        self._after_case(CaseDone(case, rec, timed.builts, True, timed.graphs, timed.held,
+                                  self._pools.get(shape_key(case, self.fam.shape_params)), timed.launches_per_graph))
+
+    def _after_case(self, ctx: CaseDone) -> None:
+        """The passes' per-case hooks. What they do not keep goes when the case returns."""
+        for p in self.passes:
+            p.after_case(ctx)
+
+    def launches_per_graph(self, case: Case) -> int:
+        """The spec's launches per graph, or fewer where the family says one launch is long (a
+        whole layer step): a replay of many such launches would take seconds."""
+        n = self.opts.timing.launches_per_graph
+        if self.fam.graph_launches is not None:
+            n = max(1, min(n, self.fam.graph_launches(case.params, n)))
+        return n
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else repr(e))[:300]
+
+
+def shape_major(cases: list[Case], shape_params: tuple[str, ...]) -> list[Case]:
+    """The same cases, those of one shape (one set of inputs, one reference) next to each other, in
+    the order shapes first appear. For untimed runs: each shape's inputs are built once and can be
+    dropped after its last case. Records are put back in spec order at the end."""
+    groups: dict[tuple, list[Case]] = {}
+    for c in cases:
+        groups.setdefault(shape_key(c, shape_params), []).append(c)
+    return [c for g in groups.values() for c in g]
+
+
+def prefetch_workers(environ: Mapping[str, str] | None = None) -> int:
+    """Background threads that build inputs ahead in untimed runs ($MOEBENCH_PREFETCH; 0 = none)."""
+    raw = (os.environ if environ is None else environ).get("MOEBENCH_PREFETCH", "").strip()
+    if raw:
+        try:
+            return max(0, int(raw))
+        except ValueError:
+            pass
+    return max(1, min(PREFETCH_MAX_WORKERS, (os.cpu_count() or 2) // 2))
+
+
+class _Ahead:
+    """Builds the inputs and references of shapes on background threads. In an untimed run it keeps
+    the next shapes in flight while the main thread runs the current case (`feed`); in a timed run
+    it builds every shape before the first case (`build_all`), so nothing runs in the background
+    while anything is timed. Family input builders seed their own generators, so the data does not
+    depend on which thread built it. A failure surfaces in the case that needs the shape."""
+
+    def __init__(self, pipeline: "CasePipeline", cases: list[Case]):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.s = pipeline
+        workers = prefetch_workers(pipeline.environ)
+        self.depth = workers * PREFETCH_DEPTH_PER_WORKER
+        keys = [shape_key(c, pipeline.fam.shape_params) for c in cases]
+        first: dict[tuple, int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        self.shapes = list(first.items())  # (key, first case index) in order
+        self.pos = {k: j for j, (k, _) in enumerate(self.shapes)}
+        self.keys, self.cases = keys, cases
+        self.next = 0
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="moebench-inputs")
+
+    def feed(self, i: int) -> None:
+        """Case i is next: keep the shapes up to `depth` past its own submitted."""
+        here = self.pos[self.keys[i]]
+        s = self.s
+        while self.next < len(self.shapes) and self.next <= here + self.depth:
+            key, j = self.shapes[self.next]
+            if self.next > here and key not in s._inputs and key not in s._ahead:
+                s._ahead[key] = self.pool.submit(s._build_shape, self.cases[j])
+            self.next += 1
+
+    def build_all(self) -> None:
+        """Every shape, now, in parallel; returns when all are built (or failed)."""
+        from concurrent.futures import wait
+
+        s = self.s
+        for key, j in self.shapes:
+            if key not in s._inputs and key not in s._ahead:
+                s._ahead[key] = self.pool.submit(s._build_shape, self.cases[j])
+        wait(list(s._ahead.values()))
+        self.next = len(self.shapes)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.s._ahead.clear()
