@@ -431,16 +431,18 @@ class Session:
     def _first_launch(self, built) -> float | None:
         """Reset and run once: the launch whose output is checked, and the one that compiles a new
         JIT specialization, so compiling stays out of any timing. Returns the seconds of this
-        launch when it compiled a new specialization (compile time plus one run of the kernel),
-        else None."""
-        new = built.compile_key not in self._compiled
+        launch when Triton prepared a new specialization in it (compile time plus one run of the
+        kernel), else None. Triton says which (moebench.core.tritonpatch.specializations)."""
+        from moebench.core.tritonpatch import specializations
+
         built.reset()
-        t0 = time.perf_counter()
-        built.launch()
-        self._sync()
-        dt = time.perf_counter() - t0
+        with specializations() as new:
+            t0 = time.perf_counter()
+            built.launch()
+            self._sync()
+            dt = time.perf_counter() - t0
         if new:
-            self._compiled.add(built.compile_key)
+            self._compiled.update(new)
             self.compile_s_total += dt
             return dt
         return None
