@@ -491,7 +491,7 @@ class Session:
             rec.status = "mismatch"
             rec.error = chk.detail if not chk.ok else "differs from the baseline launch (torch.equal)"
 
-        rec.work = self.impl.work(case.params, built.geometry, self.device)
+        rec.work = self.fam.work_model(case.variant, self.impl)(case.params, built.geometry, self.device)
         self._occupancy(rec.work)
         if not self.opts.time_it:
             return

@@ -22,8 +22,10 @@ called once per new entry of a JIT function's per-device kernel cache, i.e. once
 specialization this process compiled or loaded from the disk cache; never for a launch that hits
 the in-memory cache). Under TRITON_INTERPRET=1 nothing compiles and nothing is specialized: the
 interpreter's only per-process preparation is rewriting each `@triton.jit` function's source once
-(`InterpretedFunction.rewritten_fn`), so there a "specialization" is one function (kernel or
-helper) the interpreter prepared for the first time, and its first launch holds that cost.
+(`InterpretedFunction.rewritten_fn`), so there a "specialization" is one function (a kernel, a
+helper, or one of triton.language's own such as `tl.cdiv`) the interpreter prepared for the first
+time, on the first launch that calls it; that launch's seconds are its `compile_s`. Constexpr
+values make no new one there (a GPU compiles one per value).
 """
 
 from __future__ import annotations
