@@ -342,16 +342,14 @@ def leave(code: object) -> None:
 
 _compiled: list = []  # every specialization Triton reported in this process, in order
 _hook_lock = threading.Lock()
-_hooked = False
+_hooked = None  # our recorder while it is the installed hook
 
 
 def _hook() -> bool:
     """Chain a recorder onto knobs.runtime.jit_post_compile_hook (whatever hook was there still
-    runs). False where this triton has no such knob."""
+    runs), again if something replaced it since. False where this triton has no such knob."""
     global _hooked
     with _hook_lock:
-        if _hooked:
-            return True
         try:
             from triton import knobs
         except ImportError:
@@ -360,14 +358,15 @@ def _hook() -> bool:
         if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
             return False
         before = runtime.jit_post_compile_hook
+        if _hooked is not None and before is _hooked:
+            return True
 
         def recorded(*args, **kwargs):
             fn = kwargs.get("fn")
             _compiled.append(("jit", getattr(fn, "module", None), getattr(fn, "name", None), kwargs.get("key")))
             return before(*args, **kwargs) if before is not None else None
 
-        runtime.jit_post_compile_hook = recorded
-        _hooked = True
+        runtime.jit_post_compile_hook = _hooked = recorded
         return True
 
 

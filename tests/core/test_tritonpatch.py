@@ -176,7 +176,6 @@ def test_triton_reports_each_compile_and_an_earlier_hook_still_runs(monkeypatch)
 
     theirs = []
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: theirs.append(kw["key"]))
-    monkeypatch.setattr(tp, "_hooked", False)
     k = _Compiling()
     with tp.specializations() as new:
         k.launch("n%16")
@@ -186,6 +185,10 @@ def test_triton_reports_each_compile_and_an_earlier_hook_still_runs(monkeypatch)
     with tp.specializations() as again:
         k.launch("n==1")
     assert again == []
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)  # replaced by someone else: chained again
+    with tp.specializations() as after:
+        k.launch("n*8")
+    assert len(after) == 1
 
 
 def test_a_plugin_without_compile_key_gets_its_compile_time_and_count(monkeypatch):
@@ -197,7 +200,6 @@ def test_a_plugin_without_compile_key_gets_its_compile_time_and_count(monkeypatc
     from moebench.core.spec import load_spec
     from moebench.families import Built
 
-    monkeypatch.setattr(tp, "_hooked", False)
     spec = load_spec("count-block")
     run = S.Session(spec, detect(True), S.Options(timing=spec.timing))
     k = _Compiling()
