@@ -37,7 +37,7 @@ $(VENV)/triton-old/.installed: $(BIN)/.installed
 	touch $@
 
 compat: $(VENV)/triton-old/.installed
-	PYTHONPATH=$(VENV)/triton-old $(BIN)/python -m pytest -q -p no:cacheprovider -n auto tests/families tests/core/test_interpret.py
+	PYTHONPATH=$(VENV)/triton-old $(BIN)/python -m pytest -q -p no:cacheprovider -n auto tests/families tests/core/test_interpret.py tests/core/test_tritonpatch.py
 
 # two chains of CLI runs, one per core (each command is a single-threaded interpreter run)
 smoke: install

@@ -16,7 +16,6 @@ interrupted (130 Ctrl-C, 143 SIGTERM; its completed records are saved).
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
@@ -43,36 +42,16 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show trac
 
 
 def entry() -> None:
-    """The console command (`moebench`, `python3 -m moebench`): `main`, then a quick exit.
-
-    When the command returns, every results file is already renamed into place and every stream
-    closed. The interpreter's own shutdown with torch loaded (module teardown, the CUDA context)
-    took another 0.3-0.5 s of every command on an H200 and on the CPU (results/h200/TIMER.md); the
-    process flushes its output, ends any worker process still there, and leaves with os._exit.
-    MOEBENCH_FAST_EXIT=0 keeps the ordinary exit."""
+    """The console command (`moebench`, `python3 -m moebench`): `main`, then a quick exit (the
+    fast_exit patch of moebench.core.tritonpatch; MOEBENCH_FAST_EXIT=0 keeps the ordinary exit)."""
     code: object = 0
     try:
         main()
     except SystemExit as e:
         code = e.code
-    if os.environ.get("MOEBENCH_FAST_EXIT", "").strip() == "0":
-        sys.exit(code)
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):  # sys.exit("message"), as Python itself would print it
-        print(code, file=sys.stderr)
-        code = 1
-    mp = sys.modules.get("multiprocessing")
-    if mp is not None:
-        for child in mp.active_children():
-            child.terminate()
-            child.join(2.0)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more to say there
-            pass
-    os._exit(code & 0xFF)
+    from moebench.core.tritonpatch import leave
+
+    leave(code)
 
 
 def main() -> None:

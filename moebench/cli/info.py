@@ -44,7 +44,7 @@ def list_(
     """Families, variants (with where each comes from), upstream kernels, built-in sweeps, model
     configs and the shipped reference tables."""
     from moebench.core.spec import builtin_models, builtin_sweeps
-    from moebench.families import catalogue
+    from moebench.families import broken, catalogue
     from moebench.sources import upstream
 
     use_sources(plugin, megatron_lm)
@@ -57,6 +57,8 @@ def list_(
         for v in fam.variants.values():
             env = ", ".join(f"{k} from ${var}" for k, (var, _) in v.env.items())
             tab.add_row("", v.name, ", ".join(v.params) + (f"; {env}" if env else ""), v.source, v.doc)
+    for name, why in broken().items():  # a family or installed plugin that failed: listed, not used
+        tab.add_row(name, "", "", "", f"BROKEN: {why}", style="bold red")
     out.print(tab)
     statuses = [upstream.status(name) for name in upstream.KERNELS]
     if not any(st.present for st in statuses):  # one reason for all: say it once

@@ -115,29 +115,11 @@ def nvml_driver() -> str | None:
 
 
 def interpreter_without_discarded_checks() -> bool:
-    """Stop Triton's interpreter from computing overflow checks it then throws away.
+    """The interpreter's `no_overflow_checks` patch (moebench.core.tritonpatch, where it is explained
+    and switched off); True when it changed the interpreter's options."""
+    from moebench.core import tritonpatch
 
-    With `sanitize_overflow` on (the interpreter's default), every integer add, sub and mul is
-    redone in int64 and compared against the int32 range, and the result goes to `device_assert`,
-    which returns at once unless `debug` is set (triton/language/semantic.py, 3.6 to 3.9): no check
-    ever fires, and the dead work is about 60% of a launch of the count kernels on the CPU. With
-    `debug` off, turning it off changes no result and no check; with `debug` on it stays on.
-    Returns True when it changed the interpreter's options."""
-    import dataclasses
-
-    try:
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
-    builder = getattr(interpreter, "interpreter_builder", None)
-    opts = getattr(builder, "options", None)
-    if opts is None or getattr(opts, "debug", True) or not getattr(opts, "sanitize_overflow", False):
-        return False
-    try:
-        builder.options = dataclasses.replace(opts, sanitize_overflow=False)
-    except (TypeError, ValueError, AttributeError):
-        return False
-    return True
+    return tritonpatch.enabled("no_overflow_checks") and tritonpatch.skip_overflow_checks()
 
 
 # Vendor datasheet DRAM bandwidth (bytes read + written per second) by device name, to read a
@@ -179,9 +161,9 @@ def detect(interpret: bool) -> DeviceInfo:
             triton=triton_version(), python=platform.python_version())
     if not torch.cuda.is_available():
         raise BackendError("no CUDA device is visible; run with --interpret for a CPU correctness run")
-    from moebench.core import jitcache
+    from moebench.core import tritonpatch
 
-    jitcache.install()  # Triton's cache key, kept between processes: the first kernel loads ~0.5 s sooner
+    tritonpatch.install_key_cache()  # Triton's cache key, kept between processes: the first kernel loads ~0.5 s sooner
     idx = torch.cuda.current_device()
     p = torch.cuda.get_device_properties(idx)
     clocks = nvml_clocks(idx)

@@ -312,16 +312,18 @@ class CasePipeline:
     def _first_launch(self, built) -> float | None:
         """Reset and run once: the launch whose output is checked, and the one that compiles a new
         JIT specialization, so compiling stays out of any timing. Returns the seconds of this
-        launch when it compiled a new specialization (compile time plus one run of the kernel),
-        else None."""
-        new = built.compile_key not in self._compiled
+        launch when Triton prepared a new specialization in it (compile time plus one run of the
+        kernel), else None. Triton says which (moebench.core.tritonpatch.specializations)."""
+        from moebench.core.tritonpatch import specializations
+
         built.reset()
-        t0 = self.clock()
-        built.launch()
-        self._sync()
-        dt = self.clock() - t0
+        with specializations() as new:
+            t0 = self.clock()
+            built.launch()
+            self._sync()
+            dt = self.clock() - t0
         if new:
-            self._compiled.add(built.compile_key)
+            self._compiled.update(new)
             self.compile_s_total += dt
             return dt
         return None
@@ -370,7 +372,7 @@ class CasePipeline:
             rec.status = "mismatch"
             rec.error = chk.detail if not chk.ok else "differs from the baseline launch (torch.equal)"
 
-        rec.work = self.impl.work(case.params, built.geometry, self.device)
+        rec.work = self.fam.work_model(case.variant, self.impl)(case.params, built.geometry, self.device)
         occupancy(rec.work, self.device)
         if not self.opts.time_it:
             self._after_case(CaseDone(case, rec, [built], False))

@@ -169,6 +169,13 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     if not host:
         out.append(f"- Correctness: **{verdict_line(records)}** (torch reference and `torch.equal` against the "
                    f"baseline launch {_baseline_text(spec)})")
+        borrowed = spec.family.borrowed_work(r.variant for r in records)
+        if borrowed:
+            out.append(f"- Work model: {', '.join(f'`{v}`' for v in borrowed)} (plugin) "
+                       f"{'declares' if len(borrowed) == 1 else 'declare'} none, so the bytes, CTAs with work and "
+                       f"floors of {'its' if len(borrowed) == 1 else 'their'} records are the {spec.family.name} "
+                       "family's model, which assumes its kernels' access pattern (`work=` on `variant(...)` "
+                       "declares a plugin's own).")
     timed = [r for r in records if r.timing.get("median_us") is not None]
     if timed:
         t = prov.get("timing", {})

@@ -19,7 +19,7 @@ import yaml
 from moebench.errors import SpecError
 from moebench.core.expr import ExprError, compile_expr
 from moebench.core.text import kind, show
-from moebench.families import FamilySpec, catalogue
+from moebench.families import FamilySpec, catalogue, family_error
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -605,7 +605,8 @@ def load_spec(name_or_path: str) -> Spec:
         L.fail("name", f"expected letters, digits, '.', '_' or '-' (it names the result files), got {name!r}")
     fam_name = L.string(doc["family"], "family")
     if fam_name not in cat:
-        L.fail("family", f"unknown family {fam_name!r}; known: {', '.join(cat)}" + _did_you_mean(fam_name, cat))
+        L.fail("family", family_error(fam_name) or f"unknown family {fam_name!r}; known: {', '.join(cat)}"
+               + _did_you_mean(fam_name, cat))
     family = cat[fam_name]
     L.family = family
     description = doc.get("description", "") or ""

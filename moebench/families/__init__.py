@@ -9,9 +9,12 @@ A family is one folder, ``moebench/families/<name>/``:
   A variant is declared once, by ``@FAMILY.variant(...)`` on its builder.
 
 The torch-free side knows every variant's name, doc and parameters without importing torch: it
-reads the ``@FAMILY.variant(...)`` decorators of ``kernels.py`` from the source text. Importing
-``kernels.py`` (when a sweep runs) attaches the builders; a declaration the source text and the
-running module disagree on is an error, and a test checks every family both ways.
+reads the ``@FAMILY.variant(...)`` decorators of ``kernels.py`` from the source text (arguments:
+literals, or module-level names assigned literals earlier in the file). Importing ``kernels.py``
+(when a sweep runs) attaches the builders; a declaration the source text and the running module
+disagree on is an error, and a test checks every family both ways. A family whose package or
+declarations fail breaks only itself: the catalogue leaves it out, ``broken()`` names it with its
+FILE:LINE error (``list`` shows it), and using it is a usage error.
 
 A plugin (``--plugin FILE.py``, a spec's ``plugins:``, the ``moebench.plugins`` entry points) uses
 the same calls: ``get_family("count").variant(...)`` adds a variant to a built-in family, and
@@ -109,6 +112,9 @@ class VariantSpec:
     # an upstream variant names moebench's variants that implement the same kernel (its twins)
     twins: tuple[str, ...] = ()
     builder: Callable | None = field(default=None, repr=False, compare=False)
+    # the variant's own work model, work(params, geometry, device) -> dict (bytes, ctas,
+    # ctas_with_work, ...), where its kernel moves other bytes than the family's; else the family's
+    work: Callable | None = field(default=None, repr=False, compare=False)
 
     @property
     def launch_params(self) -> tuple[str, ...]:
@@ -189,20 +195,28 @@ class FamilySpec:
 
     def variant(self, name: str, *, doc: str, params: tuple[str, ...] = (),
                 env: dict[str, tuple[str, Any]] | None = None, source: str | None = None,
-                twins: tuple[str, ...] = ()):
+                twins: tuple[str, ...] = (), work: Callable | None = None):
         """Decorator: `fn` builds variant `name`. For a kernel family, fn(inputs, params, device)
         -> Built; for a host-only family, fn(params) -> dict of results. `source` defaults to
-        "builtin", or "plugin FILE" while a plugin file registers it."""
+        "builtin", or "plugin FILE" while a plugin file registers it. `work(params, geometry,
+        device) -> dict` is the variant's own work model (bytes moved, ctas, ctas_with_work, ...:
+        what its floors are read against); without one the family's `work` stands for it."""
         from moebench.sources.plugins import current_source
 
         source = source or current_source() or "builtin"
-        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source, tuple(twins))
+        if work is not None and not callable(work):
+            raise TypeError(f"variant {name!r} of {self.name!r}: work= must be a function work(params, geometry, "
+                            f"device) -> dict, got {show(work)}")
+        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source, tuple(twins), work=work)
         for p in declared.launch_params:
             if p not in self.params or self.params[p].role != "launch":
                 raise ValueError(f"variant {name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
                                  f"family ({', '.join(self.launch_params) or 'none'})")
 
         def register(fn: Callable) -> Callable:
+            problem = self.builder_problem(fn)
+            if problem:
+                raise TypeError(f"variant {name!r} of {self.name!r}: {problem}")
             have = self.variants.get(name)
             if have is not None and have.builder is None and have.source == declared.source:
                 if have != declared:  # the source text and the running module disagree
@@ -220,6 +234,39 @@ class FamilySpec:
             return fn
 
         return register
+
+    def builder_problem(self, fn: Callable) -> str | None:
+        """Why the session could not call `fn` as this family's builder, or None: a kernel family
+        calls fn(inputs, params, device), a host-only family fn(params)."""
+        import inspect
+
+        expected = "fn(params)" if self.host_only else "fn(inputs, params, device)"
+        if not callable(fn):
+            return f"the decorated object is not a function; a builder is {expected}"
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return None  # a builtin or C callable: nothing to read, the call will tell
+        try:
+            sig.bind(*((None,) if self.host_only else (None, None, None)))
+        except TypeError as e:
+            return (f"its builder {getattr(fn, '__name__', fn)}{sig} cannot be called as {expected}, as the "
+                    f"session calls it ({e})")
+        return None
+
+    def work_model(self, variant: str, module) -> Callable:
+        """The work model a variant's records use: its own, else the family's (`module.work`)."""
+        return self.variants[variant].work or module.work
+
+    def borrowed_work(self, variants) -> list[str]:
+        """Of `variants`, the plugin variants of a family the plugin did not declare that bring no
+        work model of their own: their bytes, CTAs with work and floors are the family's model."""
+        out = []
+        for name in dict.fromkeys(variants):
+            v = self.variants.get(name)
+            if v is not None and v.work is None and v.source.startswith("plugin") and self.origin != v.source:
+                out.append(name)
+        return out
 
     def builder(self, name: str) -> Callable:
         """The builder of a variant, importing the family's kernels module if needed."""
@@ -293,27 +340,133 @@ def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -
     return value, f"${var}"
 
 
+class DeclarationError(ValueError):
+    """A ``@variant(...)`` declaration the catalogue cannot read: the message starts with FILE:LINE."""
+
+
+class _Unknown:
+    """A module-level name whose value the source text does not give (and why)."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+_NOT_LITERAL = ("is not a literal, a module-level name bound to one, a tuple or list of those (with *NAME), or a + "
+                "of them")
+
+
+def _literal(node: ast.AST, names: dict[str, Any]) -> Any:
+    """The value of a declaration argument, from the text alone: literals, names bound earlier at
+    module level to such values, tuples/lists/sets/dicts of them (``(*BASE, "x")`` too), ``a + b``
+    and a sign on a number. Raises ValueError saying why not."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in names:
+            raise ValueError(f"name {node.id} is not assigned at module level before this line")
+        v = names[node.id]
+        if isinstance(v, _Unknown):
+            raise ValueError(f"name {node.id} {v.why}")
+        return v
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items: list = []
+        for e in node.elts:
+            if isinstance(e, ast.Starred):
+                inner = _literal(e.value, names)
+                if not isinstance(inner, (tuple, list)):
+                    raise ValueError(f"`{ast.unparse(e)}`: {show(inner)} is not a tuple or list")
+                items.extend(inner)
+            else:
+                items.append(_literal(e, names))
+        return tuple(items) if isinstance(node, ast.Tuple) else set(items) if isinstance(node, ast.Set) else items
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_literal(k, names): _literal(v, names) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        try:
+            return _literal(node.left, names) + _literal(node.right, names)
+        except TypeError as e:
+            raise ValueError(f"`{ast.unparse(node)}`: {e}") from None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _literal(node.operand, names)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return -v if isinstance(node.op, ast.USub) else v
+    raise ValueError(f"`{ast.unparse(node)}` {_NOT_LITERAL}")
+
+
+def _bind(stmt: ast.stmt, names: dict[str, Any]) -> None:
+    """Track what a top-level statement binds: a plain assignment's value where the text gives it,
+    else why it does not."""
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        try:
+            value: Any = _literal(stmt.value, names)
+        except ValueError as e:
+            value = _Unknown(f"is assigned at line {stmt.lineno} from something the text does not give ({e})")
+        for t in targets:
+            if isinstance(t, ast.Name):
+                names[t.id] = value
+            else:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        names[n.id] = _Unknown(f"is unpacked at line {stmt.lineno}; assign it a literal on its own")
+        return
+    what = {ast.Import: "imported", ast.ImportFrom: "imported", ast.FunctionDef: "a function",
+            ast.AsyncFunctionDef: "a function", ast.ClassDef: "a class", ast.AugAssign: "changed in place"}.get(type(stmt), "assigned inside a block")
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        bound = [(a.asname or a.name).split(".")[0] for a in stmt.names]
+    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        bound = [stmt.name]
+    else:
+        bound = [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    for name in bound:
+        names[name] = _Unknown(f"is {what} at line {stmt.lineno} (the catalogue reads the text, it does not run it)")
+
+
 def declared_variants(path: Path, family: FamilySpec) -> list[VariantSpec]:
     """The ``@FAMILY.variant(name, doc=..., params=..., env=..., source=...)`` declarations of a
-    kernels module, read from its source text in file order (no import, so no torch)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    kernels module, read from its source text in file order (no import, so no torch). An argument
+    may be a literal or a module-level name assigned one earlier in the file (``PARAMS = ("grid",
+    "num_warps")`` shared by several declarations); anything else is a DeclarationError naming the
+    file and line."""
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as e:
+        raise DeclarationError(f"{path}:{e.lineno}: SyntaxError: {e.msg}") from None
+    except OSError as e:
+        raise DeclarationError(f"{path}: cannot read: {e.strerror or e}") from None
     out: list[VariantSpec] = []
+    names: dict[str, Any] = {}
     for node in tree.body:
-        if not isinstance(node, ast.FunctionDef):
-            continue
-        for dec in node.decorator_list:
-            if not (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == "variant"):
-                continue
-            try:
-                args = [ast.literal_eval(a) for a in dec.args]
-                kw = {k.arg: ast.literal_eval(k.value) for k in dec.keywords}
-            except ValueError:
-                raise ValueError(f"{path}:{dec.lineno}: @variant arguments must be literals") from None
-            kw["params"] = tuple(kw.get("params", ()))
-            kw["twins"] = tuple(kw.get("twins", ()))
-            kw["env"] = {k: tuple(v) for k, v in (kw.get("env") or {}).items()}
-            out.append(VariantSpec(*args, **kw))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == "variant":
+                    out.append(_declaration(path, dec, names))
+        _bind(node, names)
     return out
+
+
+def _declaration(path: Path, dec: ast.Call, names: dict[str, Any]) -> VariantSpec:
+    where = f"{path}:{dec.lineno}: @variant"
+    try:
+        args = [_literal(a, names) for a in dec.args]
+    except ValueError as e:
+        raise DeclarationError(f"{where} argument: {e}") from None
+    kw: dict[str, Any] = {}
+    for k in dec.keywords:
+        if k.arg is None:
+            raise DeclarationError(f"{where}: **{ast.unparse(k.value)}: name each argument "
+                                   "(name, doc=, params=, env=, source=, twins=)")
+        try:
+            kw[k.arg] = _literal(k.value, names)
+        except ValueError as e:
+            raise DeclarationError(f"{where} {k.arg}=: {e}") from None
+    try:
+        kw["params"] = tuple(kw.get("params", ()))
+        kw["twins"] = tuple(kw.get("twins", ()))
+        kw["env"] = {k: tuple(v) for k, v in (kw.get("env") or {}).items()}
+        return VariantSpec(*args, **kw)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise DeclarationError(f"{where}: {e}") from None
 
 
 # ----------------------------------------------------------------------------------- the contract
@@ -323,13 +476,14 @@ def declared_variants(path: Path, family: FamilySpec) -> list[VariantSpec]:
 class Built:
     """What a variant builder returns: a zero-argument launch closure (allocation already done, so
     the closure can be captured in a CUDA graph), the output it writes, a reset that restores the
-    pre-launch state (zero counters, poison outputs), the launch geometry for the record, and the
-    key of the JIT specialization it compiles."""
+    pre-launch state (zero counters, poison outputs) and the launch geometry for the record."""
 
     launch: Callable[[], None]
     output: Any  # torch.Tensor checked after a launch
     reset: Callable[[], None]
     geometry: dict[str, Any] = field(default_factory=dict)
+    # not read: which launches compiled is asked of Triton (moebench.core.tritonpatch); kept so a
+    # builder that still passes one loads
     compile_key: tuple = ()
     # where geometry values the builder resolved itself came from (a launch built out of another
     # family's variant records that variant's kill switches here); merged into the record
@@ -356,29 +510,72 @@ def cdiv(a: int, b: int) -> int:
 # ----------------------------------------------------------------------------------- the catalogue
 
 _CATALOGUE: dict[str, FamilySpec] | None = None
+_BROKEN: dict[str, str] = {}  # family name (or "plugin WHERE") -> its one-line error
 
 
 def catalogue() -> dict[str, FamilySpec]:
-    """Every family: the built-in ones, then those plugins registered (installed entry points and
-    the files in $MOEBENCH_PLUGINS are loaded on first use; --plugin and a spec's plugins: add
-    theirs when they are read)."""
+    """Every family that loads: the built-in ones, then those plugins registered (installed entry
+    points and the files in $MOEBENCH_PLUGINS are loaded on first use; --plugin and a spec's
+    plugins: add theirs when they are read). A built-in family whose package or declarations fail,
+    or an installed plugin that fails, is left out and listed by `broken()`: the others still load."""
     global _CATALOGUE
     if _CATALOGUE is None:
         _CATALOGUE = {}
         for name in BUILTIN:
-            fam = importlib.import_module(f"{__name__}.{name}").FAMILY
+            try:
+                fam = importlib.import_module(f"{__name__}.{name}").FAMILY
+            except Exception as e:  # noqa: BLE001 - a broken family breaks only itself
+                _BROKEN[name] = _one_line(e, Path(__file__).with_name(name))
+                continue
             _CATALOGUE[fam.name] = fam
         from moebench.sources.plugins import load_installed
 
-        load_installed()
+        _BROKEN.update(load_installed())
     return _CATALOGUE
 
 
+def broken() -> dict[str, str]:
+    """The families (by name) and installed plugins ("plugin WHERE") that failed to load, each with
+    its one-line error naming file:line."""
+    catalogue()
+    return dict(_BROKEN)
+
+
+def _one_line(e: BaseException, folder: Path) -> str:
+    """An error from importing a family's package as one line, naming the file and line in that
+    family's folder (or the deepest line in moebench) where it went wrong."""
+    import traceback
+
+    if isinstance(e, DeclarationError):
+        return str(e).splitlines()[0]
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}: SyntaxError: {e.msg}"
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if Path(f.filename).is_relative_to(folder)] or \
+        [f for f in frames if Path(f.filename).is_relative_to(Path(__file__).parent)] or frames
+    where = f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
+    text = (str(e).strip().splitlines() or [""])[0]
+    return f"{where}{type(e).__name__}: {text}"
+
+
 def get_family(name: str) -> FamilySpec:
+    """A family by name; KeyError when there is none; a UsageError (exit 2) naming file:line when
+    it exists but failed to load."""
     cat = catalogue()
     if name not in cat:
+        if name in _BROKEN:
+            from moebench.errors import UsageError
+
+            raise UsageError(family_error(name))
         raise KeyError(name)
     return cat[name]
+
+
+def family_error(name: str) -> str | None:
+    """Why family `name` cannot be used, as one line, or None when it loads (or does not exist)."""
+    catalogue()
+    why = _BROKEN.get(name)
+    return f"family {name!r} failed to load: {why}" if why else None
 
 
 def register_family(fam: FamilySpec) -> FamilySpec:

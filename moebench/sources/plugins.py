@@ -14,14 +14,24 @@ A plugin is ordinary Python, run once per process. It adds a variant to a family
 input_bytes, reference, check, nonvacuity and work, as a family's kernels.py does). Variants it
 registers are recorded with ``source="plugin FILE"``. Loaded files are listed in $MOEBENCH_PLUGINS
 too, so the per-GPU worker processes load the same ones.
+
+A plugin that fails is a usage error (exit 2) naming its file and line: an exception, a
+`sys.exit()` while it loads, a builder whose signature the session cannot call, or a file still
+running after $MOEBENCH_PLUGIN_LIMIT seconds (default 120; an endless loop). An installed plugin
+($MOEBENCH_PLUGINS, an entry point) that fails breaks only itself: the catalogue leaves it out and
+`moebench list` shows its error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from types import ModuleType
@@ -30,6 +40,8 @@ from moebench.errors import MoebenchError, UsageError
 
 ENV = "MOEBENCH_PLUGINS"
 GROUP = "moebench.plugins"
+LIMIT_ENV = "MOEBENCH_PLUGIN_LIMIT"
+DEFAULT_LIMIT_S = 120.0
 
 _LOADED: dict[Path, tuple[ModuleType, str]] = {}  # resolved path -> (module, sha256 of its bytes)
 _CURRENT: list[str] = []  # the plugin being loaded: what a variant registered now is recorded as
@@ -55,6 +67,7 @@ def load_file(path: str | Path, where: str = "--plugin") -> ModuleType:
         raise UsageError(f"{where}: {path}: no such file" + ("" if not key.exists() else " (not a regular file)"))
     if key.suffix != ".py":
         raise UsageError(f"{where}: {path}: expected a Python file (.py)")
+    limit = import_limit()
     data = key.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     name = f"moebench_plugin_{key.stem.replace('-', '_')}_{digest[:8]}"
@@ -63,10 +76,19 @@ def load_file(path: str | Path, where: str = "--plugin") -> ModuleType:
     sys.modules[name] = module
     _CURRENT.append(f"plugin {key}")
     try:
-        spec.loader.exec_module(module)
+        with _time_limit(limit):
+            spec.loader.exec_module(module)
     except MoebenchError:
         del sys.modules[name]
         raise
+    except _TooLong as e:
+        del sys.modules[name]
+        raise UsageError(f"{where}: {path}{_line_of(e, key)}: still running after {limit:g} s while loading (an "
+                         f"endless loop?); ${LIMIT_ENV} sets the limit in seconds") from None
+    except SystemExit as e:
+        del sys.modules[name]
+        raise UsageError(f"{where}: {path}{_line_of(e, key)}: the plugin called sys.exit({e.code!r}) while "
+                         "loading; a plugin registers variants or a family and returns") from None
     except Exception as e:  # noqa: BLE001 - any failure in a user's file is that file's error, one line
         del sys.modules[name]
         raise UsageError(f"{where}: {path}{_line_of(e, key)}: {type(e).__name__}: {_first(e)}") from None
@@ -84,26 +106,76 @@ def use(paths) -> None:
         load_file(p)
 
 
-def load_installed() -> None:
-    """The plugins listed in $MOEBENCH_PLUGINS and the installed entry points, once per process."""
+def load_installed() -> dict[str, str]:
+    """Load the plugins listed in $MOEBENCH_PLUGINS and the installed entry points, once per
+    process. One that fails breaks only itself: returns {"plugin WHERE": its one-line error}."""
     global _INSTALLED
+    failed: dict[str, str] = {}
     if _INSTALLED:
-        return
+        return failed
     _INSTALLED = True
     for p in [x for x in os.environ.get(ENV, "").split(os.pathsep) if x]:
-        load_file(p, where=f"${ENV}")
+        try:
+            load_file(p, where=f"${ENV}")
+        except UsageError as e:
+            failed[f"plugin {p}"] = str(e)
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=GROUP):
         _CURRENT.append(f"plugin {ep.value} (entry point {ep.name})")
         try:
-            ep.load()
-        except MoebenchError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise UsageError(f"entry point {ep.name} = {ep.value} ({GROUP}): {type(e).__name__}: {_first(e)}") from None
+            with _time_limit(import_limit()):
+                ep.load()
+        except (Exception, SystemExit, _TooLong) as e:  # noqa: BLE001 - that plugin's error, one line
+            what = (f"called sys.exit({e.code!r}) while loading" if isinstance(e, SystemExit) else
+                    f"still running after {import_limit():g} s while loading" if isinstance(e, _TooLong) else
+                    f"{type(e).__name__}: {_first(e)}")
+            failed[f"plugin {ep.value} (entry point {ep.name})"] = f"entry point {ep.name} = {ep.value} ({GROUP}): {what}"
         finally:
             _CURRENT.pop()
+    return failed
+
+
+def import_limit() -> float:
+    """Seconds a plugin may take to load ($MOEBENCH_PLUGIN_LIMIT, default 120; 0 for none)."""
+    raw = os.environ.get(LIMIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LIMIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise UsageError(f"${LIMIT_ENV}={raw!r}: expected a number of seconds >= 0 (0: no limit)")
+    return value
+
+
+class _TooLong(BaseException):
+    """Raised inside a plugin still loading at the limit (a BaseException, so the plugin's own
+    `except Exception` does not swallow it)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Stop the block after `seconds` (SIGALRM; the main thread only, elsewhere no limit). A timer
+    already running (a case's limit) is put back with what is left of it."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def stop(_signum, _frame):
+        raise _TooLong()
+
+    t0 = time.monotonic()
+    old = signal.signal(signal.SIGALRM, stop)
+    before = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        if before[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(before[0] - (time.monotonic() - t0), 1e-3), before[1])
 
 
 def loaded() -> list[dict]:

@@ -1,5 +1,5 @@
-"""The interpreter speed change (moebench.core.interpret.patch_once): a nested @triton.jit call
-no longer re-patches triton.language, and kernels compute the same as before."""
+"""The interpreter speed change (moebench.core.tritonpatch.patch_lang_once): a nested @triton.jit
+call no longer re-patches triton.language, and kernels compute the same as before."""
 
 import os
 

@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
 
 
-def moebench(*args, cwd=ROOT, env_extra=None):
+def moebench(*args, cwd=ROOT, env_extra=None, timeout=None):
     env = {k: v for k, v in os.environ.items() if k != "MOEBENCH_PLUGINS"}
     env.update(TRITON_INTERPRET="1", COLUMNS="200", **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True)
+                          text=True, timeout=timeout)
 
 
 def records(out: Path, stem: str) -> tuple[dict, list]:
@@ -64,6 +64,14 @@ def test_plugin_option_and_verify(tmp_path):
      "registered twice"),
     ("from moebench.families import FamilySpec, register_family\n"
      "register_family(FamilySpec(name='nope', doc='', params={}, kernels=__name__))\n", None),
+    ("import sys\nsys.exit(5)\n", "bad.py:2: the plugin called sys.exit(5) while loading"),
+    ("raise SystemExit\n", "bad.py:1: the plugin called sys.exit(None) while loading"),
+    ("from moebench.families import get_family\n\n@get_family('count').variant('mine', doc='x', params=('grid',))\n"
+     "def build_mine(inp, params):\n    pass\n",
+     "bad.py:3: TypeError: variant 'mine' of 'count': its builder build_mine(inp, params) cannot be called as "
+     "fn(inputs, params, device)"),
+    ("from moebench.families import get_family\nget_family('count').variant('mine', doc='x', work=3)(print)\n",
+     "bad.py:2: TypeError: variant 'mine' of 'count': work= must be a function"),
 ])
 def test_plugin_errors_are_one_line(tmp_path, body, msg):
     bad = tmp_path / "bad.py"
@@ -78,6 +86,70 @@ def test_plugin_errors_are_one_line(tmp_path, body, msg):
     r = moebench("list", "--plugin", bad)
     assert r.returncode == 2, r.stderr
     assert msg in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_validate_catches_what_would_fail_every_case_and_does_not_hang(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nfamily: count\nmodel: qwen3-30b-a3b\nvariants: [persistent]\n"
+                    "baseline: {variant: persistent, block_size: 1024}\naxes: {tokens: [0, 30]}\n"
+                    "fixed: {buffer_tokens: 32, block_size: 64}\n")
+    wrong = tmp_path / "wrong.py"  # a builder without `device`: every case would fail at run time
+    wrong.write_text((EXAMPLES / "count_histogram.py").read_text().replace(
+        "def build_histogram(inp, params, device) -> Built:", "def build_histogram(inp, params) -> Built:"))
+    r = moebench("validate", spec, "--plugin", wrong, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    line = 1 + wrong.read_text()[:wrong.read_text().index("@COUNT.variant")].count("\n")
+    assert f"wrong.py:{line}: TypeError: variant 'histogram' of 'count': its builder build_histogram(inp, params)" \
+        in r.stderr
+    loop = tmp_path / "loop.py"
+    loop.write_text("n = 0\nwhile True:\n    n += 1\n")
+    r = moebench("validate", spec, "--plugin", loop, env_extra={"MOEBENCH_PLUGIN_LIMIT": "1"}, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "loop.py:" in r.stderr and "still running after 1 s while loading" in r.stderr
+    r = moebench("validate", spec, "--plugin", loop, env_extra={"MOEBENCH_PLUGIN_LIMIT": "soon"}, timeout=120)
+    assert r.returncode == 2 and "$MOEBENCH_PLUGIN_LIMIT='soon': expected a number of seconds" in r.stderr
+
+
+def test_a_broken_installed_plugin_breaks_only_itself(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nsys.exit(5)\n")
+    env = {"MOEBENCH_PLUGINS": str(bad)}
+    r = moebench("list", env_extra=env)
+    assert r.returncode == 0, r.stderr
+    assert "persistent" in r.stdout and "BROKEN" in r.stdout and "bad.py:2: the plugin called sys.exit(5)" in r.stdout
+    r = moebench("validate", "sweeps/count-block.yaml", env_extra=env)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_plugin_variant_brings_its_own_work_model_or_the_page_says_it_borrows_the_familys(tmp_path):
+    """The issue's case: programs that each read every pair. With its own model the record says so;
+    without one the page says its floors are the family's."""
+    plug = tmp_path / "hist.py"
+    plug.write_text((EXAMPLES / "count_histogram.py").read_text() + """
+
+def read_all_work(params, geometry, device):
+    pairs = params["tokens"] * params["topk"]
+    return {"bytes": geometry["grid"] * pairs * 4 + 4 + params["local_experts"] * 8, "ctas": geometry["grid"],
+            "ctas_with_work": geometry["grid"] if pairs else 0}
+
+
+COUNT.variant("histogram-own", params=("block_size", "num_warps", "grid"), doc="histogram, own model",
+              work=read_all_work)(build_histogram)
+""")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nfamily: count\nmodel: qwen3-30b-a3b\nplugins: [hist.py]\n"
+                    "variants: [histogram, histogram-own]\nbaseline: {variant: persistent, block_size: 1024}\n"
+                    "axes: {tokens: [64]}\nfixed: {buffer_tokens: 64, block_size: 64, grid: 32, num_warps: 4}\n")
+    r = moebench("sweep", spec, "--out", tmp_path / "o", "--format", "json,md")
+    assert r.returncode == 0, r.stderr
+    _, recs = records(tmp_path / "o", "s")
+    work = {x["variant"]: x["work"] for x in recs}
+    pairs = 64 * recs[0]["params"]["topk"]
+    assert work["histogram-own"]["bytes"] == 32 * pairs * 4 + 4 + recs[0]["params"]["local_experts"] * 8
+    assert work["histogram-own"]["ctas_with_work"] == 32
+    assert work["histogram"]["bytes"] == pairs * 4 + 4 + recs[0]["params"]["local_experts"] * 8  # the family's
+    page = next((tmp_path / "o").rglob("s.md")).read_text()
+    assert "- Work model: `histogram` (plugin) declares none, so the bytes, CTAs with work and floors" in page and "`histogram-own`" not in page
 
 
 def test_a_family_module_without_the_kernel_api_is_named(tmp_path):

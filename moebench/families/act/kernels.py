@@ -442,11 +442,6 @@ def touched_bytes(params: dict) -> int:
 # ----------------------------------------------------------------------------------- variants
 
 
-def _int_spec(v: int) -> tuple:
-    # triton specializes an integer argument on being 1 and on divisibility by 16
-    return (v == 1, v % 16 == 0)
-
-
 def _reset(inp: Inputs):
     def reset():
         inp.out_buf.view(torch.int16).fill_(_POISON_BITS)
@@ -454,14 +449,12 @@ def _reset(inp: Inputs):
     return reset
 
 
-def _built(inp: Inputs, launcher, kernel: str, num_blocks: int, cap: int, num_warps: int, loop: str) -> Built:
+def _built(inp: Inputs, launcher, num_blocks: int, cap: int, num_warps: int, loop: str) -> Built:
     bn = block_n(inp.n_cols)
     launch = launcher(inp, num_blocks, bn, num_warps)
     geometry = {"num_blocks": num_blocks, "grid_cap": cap, "block_n": bn, "num_warps": num_warps,
                 "n_cols": inp.n_cols, "in_cols": inp.in_cols, "loop_bound": loop}
-    key = (kernel, inp.op, num_blocks, bn, num_warps, _int_spec(inp.n_cols), _int_spec(inp.in_cols),
-           _int_spec(inp.rows))
-    return Built(launch, inp.out, _reset(inp), geometry, key)
+    return Built(launch, inp.out, _reset(inp), geometry)
 
 
 @FAMILY.variant("capped", params=("grid_cap", "num_warps"),
@@ -472,13 +465,13 @@ def _built(inp: Inputs, launcher, kernel: str, num_blocks: int, cap: int, num_wa
                     "the kill switch)")
 def build_capped(inp: Inputs, params: dict, device) -> Built:
     cap = params["grid_cap"]
-    return _built(inp, act_rows, "seed", capped_blocks(params["rows"], cap), cap, params["num_warps"], "capacity")
+    return _built(inp, act_rows, capped_blocks(params["rows"], cap), cap, params["num_warps"], "capacity")
 
 
 @FAMILY.variant("legacy", params=("num_warps",),
                 doc="the seed kernel at NUM_BLOCKS = min(rows, 512): the geometry before the PR")
 def build_legacy(inp: Inputs, params: dict, device) -> Built:
-    return _built(inp, act_rows, "seed", legacy_blocks(params["rows"]), _LEGACY_BLOCKS, params["num_warps"],
+    return _built(inp, act_rows, legacy_blocks(params["rows"]), _LEGACY_BLOCKS, params["num_warps"],
                   "capacity")
 
 
@@ -487,7 +480,7 @@ def build_legacy(inp: Inputs, params: dict, device) -> Built:
                     "(moebench's first kernel; 64-bit row pointers)")
 def build_live_bound(inp: Inputs, params: dict, device) -> Built:
     cap = params["grid_cap"]
-    return _built(inp, act_rows_live_bound, "live-bound", capped_blocks(params["rows"], cap), cap,
+    return _built(inp, act_rows_live_bound, capped_blocks(params["rows"], cap), cap,
                   params["num_warps"], "live")
 
 
@@ -497,7 +490,7 @@ def build_live_bound(inp: Inputs, params: dict, device) -> Built:
                     "imported at run time, at NUM_BLOCKS = min(next_pow2(rows), grid_cap)")
 def build_upstream(inp: Inputs, params: dict, device) -> Built:
     cap = params["grid_cap"]
-    return _built(inp, act_rows_upstream, "upstream", capped_blocks(params["rows"], cap), cap, params["num_warps"],
+    return _built(inp, act_rows_upstream, capped_blocks(params["rows"], cap), cap, params["num_warps"],
                   "capacity")
 
 
@@ -518,5 +511,4 @@ def build_tiled(inp: Inputs, params: dict, device) -> Built:
 
     geometry = {"num_blocks": grid, "grid_cap": params["grid_cap"], "block_n": tc, "tile_rows": tr,
                 "num_warps": nw, "prefetch": int(pre), "n_cols": n, "in_cols": inp.in_cols, "loop_bound": "live"}
-    key = ("tiled", n, tr, tc, nw, pre, _int_spec(inp.in_cols), _int_spec(inp.rows))
-    return Built(launch, inp.out, _reset(inp), geometry, key)
+    return Built(launch, inp.out, _reset(inp), geometry)

@@ -388,18 +388,11 @@ def touched_bytes(params: dict) -> int:
 # device once): `grid` is already the SM count where the spec said 0.
 
 
-def _int_spec(v: int) -> tuple:
-    # triton specializes an integer argument on being 1 and on divisibility by 16
-    return (v == 1, v % 16 == 0)
-
-
-def _built(inp: Inputs, launch, geometry: dict, kernel: str, params: dict, constexprs: tuple = ()) -> Built:
+def _built(inp: Inputs, launch, geometry: dict) -> Built:
     def reset():
         inp.counts.zero_()
 
-    key = (kernel, geometry["block_size"], geometry["num_warps"], _int_spec(params["topk"]),
-           _int_spec(params["local_expert_start"]), _int_spec(geometry["grid"])) + constexprs
-    return Built(launch, inp.counts, reset, geometry, key)
+    return Built(launch, inp.counts, reset, geometry)
 
 
 @FAMILY.variant("persistent", params=("block_size", "num_warps", "grid"),
@@ -413,7 +406,7 @@ def build_persistent(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_persistent(inp, params, grid, block, nw)
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "contiguous"}
-    return _built(inp, launch, geometry, "persistent", params, (params["local_experts"],))
+    return _built(inp, launch, geometry)
 
 
 @FAMILY.variant("nonpersistent", params=("block_size", "num_warps"),
@@ -423,7 +416,7 @@ def build_nonpersistent(inp: Inputs, params: dict, device) -> Built:
     nw, block = params["num_warps"], params["block_size"]
     launch, grid = count_nonpersistent(inp, params, block, nw)
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "one chunk"}
-    return _built(inp, launch, geometry, "nonpersistent", params, (params["local_experts"],))
+    return _built(inp, launch, geometry)
 
 
 @FAMILY.variant("strided", params=("block_size", "num_warps", "grid"),
@@ -433,7 +426,7 @@ def build_strided(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_strided(inp, params, grid, block, nw)
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "strided"}
-    return _built(inp, launch, geometry, "strided", params, (params["topk"],))
+    return _built(inp, launch, geometry)
 
 
 @FAMILY.variant("prefetch", params=("block_size", "num_warps", "grid"),
@@ -442,7 +435,7 @@ def build_prefetch(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_prefetch(inp, params, grid, block, nw)
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "strided"}
-    return _built(inp, launch, geometry, "prefetch", params, (params["topk"],))
+    return _built(inp, launch, geometry)
 
 
 @FAMILY.variant("privatized", params=("block_size", "num_warps", "grid", "prefetch"),
@@ -452,7 +445,7 @@ def build_privatized(inp: Inputs, params: dict, device) -> Built:
     pre = bool(params.get("prefetch") or 0)
     launch = count_privatized(inp, params, grid, block, nw, pre)
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "prefetch": int(pre), "chunking": "strided"}
-    return _built(inp, launch, geometry, "privatized", params, (params["topk"], next_pow2(params["local_experts"]), pre))
+    return _built(inp, launch, geometry)
 
 
 @FAMILY.variant("upstream", params=("block_size", "num_warps", "grid"), source="upstream",
@@ -465,7 +458,7 @@ def build_upstream(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_persistent(inp, params, grid, block, nw, kernel=upstream.load("count_persistent"))
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "contiguous"}
-    return _built(inp, launch, geometry, "upstream-persistent", params, (params["local_experts"],))
+    return _built(inp, launch, geometry)
 
 
 @FAMILY.variant("upstream-nonpersistent", params=("block_size", "num_warps"), source="upstream",
@@ -477,4 +470,4 @@ def build_upstream_nonpersistent(inp: Inputs, params: dict, device) -> Built:
     nw, block = params["num_warps"], params["block_size"]
     launch, grid = count_nonpersistent(inp, params, block, nw, kernel=upstream.load("count"))
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "one chunk"}
-    return _built(inp, launch, geometry, "upstream-nonpersistent", params, (params["local_experts"],))
+    return _built(inp, launch, geometry)

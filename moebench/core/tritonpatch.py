@@ -1,0 +1,395 @@
+"""Every place moebench changes Triton's own code (or the interpreter's exit), in one module: what
+each change does, why, what it was measured to save, and the variable that turns it off. And the
+one place moebench asks Triton what it compiled.
+
+| patch | what it replaces | where it applies | measured saving | off switch |
+|---|---|---|---|---|
+| `key_cache` | `triton.runtime.cache.triton_key` | GPU runs | 0.4-0.8 s per process on an H200 | `MOEBENCH_TRITON_KEY_CACHE=0` |
+| `lang_once` | `triton.runtime.interpreter._patch_lang` | interpreter | `verify count-block` 351 s -> 87 s (2 CPU cores) | `MOEBENCH_LANG_PATCH_ONCE=0` |
+| `no_overflow_checks` | `interpreter_builder.options.sanitize_overflow` | interpreter, `debug` off | `verify count-block --quick` 5.3-8.0 s -> 2.7-2.8 s (2 shared CPU cores) | `MOEBENCH_OVERFLOW_CHECKS=1` |
+| `scalar_squeeze` | `triton.runtime.interpreter._patch_lang_tensor` | interpreter, triton <= 3.6 | a fix: without it such kernels fail under NumPy 2 | `MOEBENCH_SCALAR_SQUEEZE=0` |
+| `fast_exit` | the interpreter's shutdown (`os._exit`) | every command | 0.52-0.63 s -> 0.13-0.18 s on an H200 | `MOEBENCH_FAST_EXIT=0` |
+
+`MOEBENCH_TRITON_PATCHES=0` turns every one of them off at once (to rule them out when Triton
+misbehaves). The figures come from results/h200/TIMER.md ("Where each command's time goes", "On
+the CPU"); each patch's section below says what it changes and why it changes no result. None
+touches what a compiled kernel computes. Tested on triton 3.6 and 3.9 (tests/core/test_tritonpatch.py,
+tests/core/test_interpret.py; `make compat` runs them on 3.6).
+
+**Compile accounting** is not a patch: `specializations()` asks Triton which kernels it prepared
+while a block ran. On a GPU that is Triton's `knobs.runtime.jit_post_compile_hook` (3.6 to 3.9:
+called once per new entry of a JIT function's per-device kernel cache, i.e. once per
+specialization this process compiled or loaded from the disk cache; never for a launch that hits
+the in-memory cache). Under TRITON_INTERPRET=1 nothing compiles and nothing is specialized: the
+interpreter's only per-process preparation is rewriting each `@triton.jit` function's source once
+(`InterpretedFunction.rewritten_fn`), so there a "specialization" is one function (a kernel, a
+helper, or one of triton.language's own such as `tl.cdiv`) the interpreter prepared for the first
+time, on the first launch that calls it; that launch's seconds are its `compile_s`. Constexpr
+values make no new one there (a GPU compiles one per value).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import inspect
+import os
+import sys
+import sysconfig
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+ALL_OFF = "MOEBENCH_TRITON_PATCHES"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    env: str  # the variable that turns it off
+    off: str  # the value that does
+    replaces: str
+    reason: str
+    saving: str
+
+
+PATCHES = (
+    Patch("key_cache", "MOEBENCH_TRITON_KEY_CACHE", "0", "triton.runtime.cache.triton_key",
+          "Triton hashes its compiler sources and libtriton.so (several hundred MB) once per process before the "
+          "first kernel loads from its cache; the key only changes when those files do",
+          "0.4-0.8 s per process on an H200; count-block's 'compiling' 0.48-0.58 s -> 0.12-0.15 s"),
+    Patch("lang_once", "MOEBENCH_LANG_PATCH_ONCE", "0", "triton.runtime.interpreter._patch_lang",
+          "the interpreter re-patches triton.language (an inspect.getmembers over several modules) on every "
+          "call of a @triton.jit helper inside a kernel, once per program, installing the same functions",
+          "verify count-block on 2 CPU cores 351 s -> 87 s, the same 2280 records"),
+    Patch("no_overflow_checks", "MOEBENCH_OVERFLOW_CHECKS", "1",
+          "triton.runtime.interpreter.interpreter_builder.options.sanitize_overflow",
+          "with debug off the interpreter still redoes every integer add/sub/mul in int64 and hands the range "
+          "check to device_assert, which returns at once: no check ever fires",
+          "verify count-block --quick (40 cases, whole command) 5.3-8.0 s -> 2.7-2.8 s on 2 shared CPU cores, "
+          "the same records (two runs each, at the commit that moved it here)"),
+    Patch("scalar_squeeze", "MOEBENCH_SCALAR_SQUEEZE", "0", "triton.runtime.interpreter._patch_lang_tensor",
+          "up to triton 3.6 the interpreter turns a scalar into an int with int(array) on a 1-element 1-d array, "
+          "which NumPy 2 refuses; later triton squeezes first, and so does this",
+          "none: a fix (kernels with a loaded loop bound fail without it on triton <= 3.6 with NumPy 2)"),
+    Patch("fast_exit", "MOEBENCH_FAST_EXIT", "0", "the interpreter's shutdown (os._exit once output is flushed)",
+          "module teardown with torch loaded (and the CUDA context) after every file is written and closed",
+          "0.52-0.63 s -> 0.13-0.18 s per command on an H200"),
+)
+BY_NAME = {p.name: p for p in PATCHES}
+
+
+def enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether patch `name` may be applied: neither its own switch nor MOEBENCH_TRITON_PATCHES=0."""
+    env = os.environ if environ is None else environ
+    p = BY_NAME[name]
+    if env.get(ALL_OFF, "").strip() == "0":
+        return False
+    return env.get(p.env, "").strip() != p.off
+
+
+# --------------------------------------------------------------------------- key_cache
+# Before its first compile or cache lookup in a process, Triton computes `triton_key()`: a SHA-256
+# of its compiler, backend and language sources and of libtriton.so. The wrapper keeps the key
+# Triton computed in a file beside Triton's cache, named by a signature of those files (path, size,
+# modification time in ns) and Triton's version, and hands it back while the signature holds; else
+# Triton's own function computes it again. The key is Triton's own, byte for byte, so kernels load
+# from the same cache entries (Triton's compile warm-up pool hands its key to its workers the same
+# way).
+
+_key_installed = False
+
+
+def _triton_root() -> Path:
+    import triton
+
+    return Path(triton.__file__).resolve().parent
+
+
+def signature(root: Path | None = None) -> str:
+    """A hash of what triton_key() reads, by name, size and modification time: runtime/cache.py,
+    everything under compiler/, backends/ and language/, and _C/libtriton.<ext>."""
+    import triton
+
+    root = root or _triton_root()
+    ext = (sysconfig.get_config_var("EXT_SUFFIX") or ".so").split(".")[-1]
+    files = [root / "runtime" / "cache.py", root / "_C" / f"libtriton.{ext}"]
+    for sub in ("compiler", "backends", "language"):
+        for d, dirs, names in os.walk(root / sub):
+            dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+            files += [Path(d) / n for n in sorted(names) if n.endswith(".py")]
+    h = hashlib.sha256(f"{triton.__version__}\0{root}\0{ext}".encode())
+    for f in files:
+        try:
+            st = f.stat()
+            h.update(f"\0{f.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+        except OSError:
+            h.update(f"\0{f}\0missing".encode())
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    """Triton's cache directory (its knob, else TRITON_CACHE_DIR, else ~/.triton/cache)."""
+    try:
+        from triton import knobs
+
+        d = knobs.cache.dir
+        if d:
+            return Path(d)
+    except (ImportError, AttributeError):
+        pass
+    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def remembered(compute, where: Path, sig: str) -> str:
+    """The key stored under `sig` in `where`, or `compute()`'s, then stored (written whole, by a
+    rename: two processes at once both write the same text)."""
+    path = where / f"{sig}.key"
+    try:
+        key = path.read_text()
+        if key:
+            return key
+    except OSError:
+        pass
+    key = compute()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=".key-")
+        with os.fdopen(fd, "w") as f:
+            f.write(key)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: Triton's own computation stands, every time
+    return key
+
+
+def install_key_cache() -> bool:
+    """Wrap triton.runtime.cache.triton_key (and the autotuner's imported name) once per process.
+    Returns whether the wrapper is in place."""
+    global _key_installed
+    if _key_installed:
+        return True
+    if not enabled("key_cache"):
+        return False
+    try:
+        import triton.runtime.cache as cache
+    except ImportError:
+        return False
+    original = getattr(cache, "triton_key", None)
+    if original is None:
+        return False
+
+    @functools.lru_cache(maxsize=None)
+    def triton_key() -> str:
+        try:
+            sig = signature()
+        except Exception:  # noqa: BLE001 - any trouble reading the files: Triton's own way
+            return original()
+        return remembered(original, cache_dir() / "moebench-triton-key", sig)
+
+    cache.triton_key = triton_key
+    try:
+        import triton.runtime.autotuner as autotuner
+
+        if getattr(autotuner, "triton_key", None) is original:
+            autotuner.triton_key = triton_key
+    except ImportError:
+        pass
+    _key_installed = True
+    return True
+
+
+# --------------------------------------------------------------------------- interpreter patches
+
+
+def interpreter_patches() -> dict[str, bool]:
+    """Apply the interpreter's patches that are switched on (nothing on a GPU run takes these
+    paths). Returns which were installed by this call."""
+    try:
+        from triton.runtime import interpreter as it
+    except ImportError:
+        return {}
+    return {"lang_once": enabled("lang_once") and patch_lang_once(it),
+            "scalar_squeeze": enabled("scalar_squeeze") and squeeze_scalars(it),
+            "no_overflow_checks": enabled("no_overflow_checks") and skip_overflow_checks(it)}
+
+
+class _Unpatched:
+    """The scope of a nested call that patched nothing: nothing to restore."""
+
+    def restore(self) -> None:
+        pass
+
+
+def patch_lang_once(it) -> bool:
+    """lang_once: nested @triton.jit calls skip re-patching triton.language while a launch in this
+    thread has it patched. The launch has already patched those modules and restores them at its
+    end, and the nested patches install the same functions. A nested call whose function sees a
+    language module the launch did not patch still patches (until the launch ends). True when
+    installed now."""
+    original = getattr(it, "_patch_lang", None)
+    if original is None or getattr(original, "_moebench_once", False) or not hasattr(it, "tl"):
+        return False
+    state = threading.local()
+    langs_of = (it.tl, it.tl.core)
+
+    modules: dict = {}  # fn -> ids of the language modules its globals hold (what a patch of it patches)
+
+    def patch_lang(fn):
+        seen = modules.get(fn)
+        if seen is None:
+            seen = modules[fn] = frozenset(id(v) for v in fn.__globals__.values() if any(v is m for m in langs_of))
+        active = getattr(state, "patched", None)
+        if active is not None and seen <= active:
+            return _Unpatched()
+        scope = original(fn)
+        if active is not None:  # a nested call that saw other modules: patched until the launch ends
+            active |= seen
+            return scope
+        state.patched = set(seen)
+        restore = scope.restore
+
+        def restore_all():
+            state.patched = None
+            restore()
+
+        scope.restore = restore_all
+        return scope
+
+    patch_lang._moebench_once = True
+    patch_lang._moebench_original = original
+    it._patch_lang = patch_lang
+    return True
+
+
+def squeeze_scalars(it) -> bool:
+    """scalar_squeeze: where this triton converts a scalar with `int(self.handle.data)` (<= 3.6),
+    squeeze the array first, as later releases do. True when applied now."""
+    patch = getattr(it, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_moebench_squeeze", False):
+        return False
+    try:
+        old = "int(self.handle.data))" in inspect.getsource(patch)
+    except (OSError, TypeError):
+        return False
+    if not old:
+        return False
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched._moebench_squeeze = True
+    it._patch_lang_tensor = patched
+    return True
+
+
+def skip_overflow_checks(it=None) -> bool:
+    """no_overflow_checks: with `sanitize_overflow` on (the interpreter's default) every integer add,
+    sub and mul is redone in int64 and compared against the int32 range, and the result goes to
+    `device_assert`, which returns at once unless `debug` is set (triton/language/semantic.py, 3.6
+    to 3.9). With `debug` off, turning it off changes no result and no check; with `debug` on it
+    stays on. True when it changed the interpreter's options."""
+    import dataclasses
+
+    if it is None:
+        try:
+            from triton.runtime import interpreter as it
+        except ImportError:
+            return False
+    builder = getattr(it, "interpreter_builder", None)
+    opts = getattr(builder, "options", None)
+    if opts is None or getattr(opts, "debug", True) or not getattr(opts, "sanitize_overflow", False):
+        return False
+    try:
+        builder.options = dataclasses.replace(opts, sanitize_overflow=False)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- fast_exit
+
+
+def leave(code: object) -> None:
+    """End the console command with exit status `code` (what SystemExit carried). fast_exit: every
+    results file is renamed into place and every stream closed by now; the process flushes its
+    output, ends any worker process still there, and leaves with os._exit. Switched off: sys.exit."""
+    if not enabled("fast_exit"):
+        sys.exit(code)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"), as Python itself would print it
+        print(code, file=sys.stderr)
+        code = 1
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None:
+        for child in mp.active_children():
+            child.terminate()
+            child.join(2.0)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more to say there
+            pass
+    os._exit(code & 0xFF)
+
+
+# --------------------------------------------------------------------------- compile accounting
+
+_compiled: list = []  # every specialization Triton reported in this process, in order
+_hook_lock = threading.Lock()
+_hooked = None  # our recorder while it is the installed hook
+
+
+def _hook() -> bool:
+    """Chain a recorder onto knobs.runtime.jit_post_compile_hook (whatever hook was there still
+    runs), again if something replaced it since. False where this triton has no such knob."""
+    global _hooked
+    with _hook_lock:
+        try:
+            from triton import knobs
+        except ImportError:
+            return False
+        runtime = getattr(knobs, "runtime", None)
+        if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+            return False
+        before = runtime.jit_post_compile_hook
+        if _hooked is not None and before is _hooked:
+            return True
+
+        def recorded(*args, **kwargs):
+            fn = kwargs.get("fn")
+            _compiled.append(("jit", getattr(fn, "module", None), getattr(fn, "name", None), kwargs.get("key")))
+            return before(*args, **kwargs) if before is not None else None
+
+        runtime.jit_post_compile_hook = _hooked = recorded
+        return True
+
+
+def _interpreted() -> set:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return set()
+    return set(getattr(InterpretedFunction, "rewritten_fn", {}))
+
+
+@contextlib.contextmanager
+def specializations():
+    """Yields a list that, when the block ends, holds one key per specialization Triton prepared
+    during the block (see the module's docstring for what that means under the interpreter). A
+    compile on another thread at the same moment is counted here too."""
+    new: list = []
+    _hook()
+    start = len(_compiled)
+    before = _interpreted()
+    try:
+        yield new
+    finally:
+        new.extend(_compiled[start:])
+        new.extend(("interpreted", getattr(f, "__module__", None), getattr(f, "__qualname__", repr(f)))
+                   for f in _interpreted() - before)
