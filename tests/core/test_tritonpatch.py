@@ -194,14 +194,14 @@ def test_triton_reports_each_compile_and_an_earlier_hook_still_runs(monkeypatch)
 def test_a_plugin_without_compile_key_gets_its_compile_time_and_count(monkeypatch):
     """Four specializations in four first launches of builts that carry no compile_key (as the
     README's plugin snippet writes them): each launch that compiled gets its compile_s, the one that
-    hit Triton's cache gets none, and the session counts 4."""
-    from moebench.core import session as S
+    hit Triton's cache gets none, and the pipeline counts 4."""
+    from moebench.core import pipeline as P
     from moebench.core.device import detect
     from moebench.core.spec import load_spec
     from moebench.families import Built
 
     spec = load_spec("count-block")
-    run = S.Session(spec, detect(True), S.Options(timing=spec.timing))
+    run = P.CasePipeline(spec, detect(True), P.Options(timing=spec.timing))
     k = _Compiling()
 
     def built(*specs):
