@@ -161,6 +161,13 @@ _PROVENANCE_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "ceilings": ((dict,), "an object"), "timing": ((dict,), "an object"), "settings": ((dict,), "an object"),
     "cross_checks": ((list,), "a list"), "shard": ((list, type(None)), "a list or null"),
     "complete": ((bool,), "true or false"), "quick": ((bool,), "true or false"),
+    "page": ((dict,), "an object"), "cases": ((list, type(None)), "a list or null"),
+}
+# provenance.page: the type each key must have when present
+_PAGE_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "family": ((str,), "a string"), "description": ((str,), "a string"), "pivot": ((dict,), "an object"),
+    "baseline": ((dict, type(None)), "an object or null"), "moe_layers": ((int, type(None)), "an integer or null"),
+    "host_only": ((bool,), "true or false"),
 }
 
 
@@ -170,6 +177,16 @@ def check_provenance(prov: Any, key: str = "provenance") -> dict:
     for k, (types, name) in _PROVENANCE_TYPES.items():
         if k in prov and not isinstance(prov[k], types):
             raise Malformed(f"{key}.{k}", f"expected {name}, got {_kind(prov[k])}")
+    for k, (types, name) in _PAGE_TYPES.items():
+        v = prov.get("page", {}).get(k)
+        if k in prov.get("page", {}) and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
+            raise Malformed(f"{key}.page.{k}", f"expected {name}, got {_kind(v)}")
+    for k, v in prov.get("page", {}).get("pivot", {}).items():
+        if not isinstance(v, str):
+            raise Malformed(f"{key}.page.pivot.{k}", f"expected a string, got {_kind(v)}")
+    for i, c in enumerate(prov.get("cases") or []):
+        if not (isinstance(c, list) and len(c) == 2 and isinstance(c[0], str) and isinstance(c[1], (str, type(None)))):
+            raise Malformed(f"{key}.cases[{i}]", f"expected [case id, baseline case id or null], got {_kind(c)}")
     return prov
 
 
@@ -319,32 +336,89 @@ def provenance(spec, device, *, quick: bool, verify: bool, ceilings: dict, extra
         "device": device.to_dict(),
         "ceilings": ceilings,
         "timing": asdict(spec.timing),
+        # what a page needs of the spec, so that render and merge read the results file alone
+        "page": {"family": spec.family.name, "description": spec.description, "pivot": dict(spec.pivot),
+                 "baseline": spec.baseline, "moe_layers": (spec.model or {}).get("moe_layers"),
+                 "host_only": bool(spec.family.host_only)},
+        "cases": case_map(spec, quick=quick, verify=verify),
         **(extra or {}),
     }
 
 
-def spec_of(prov: dict, results: Path | None = None):
-    """The spec a results file was made from: its recorded path (relative to the checkout, the
-    working folder, or the results file's folder), else the sweep of that name. Returns (spec,
-    where it was found) or (None, why not)."""
-    from moebench.core.spec import PACKAGE_ROOT, load_spec
-    from moebench.errors import MoebenchError
+class PageSpec:
+    """What a results page needs of the spec that made it, read from the results file alone
+    (provenance.page, written by `provenance`): the readers (render, merge) never open a spec file
+    named inside a results file, since loading a spec runs its `plugins:`. Duck-types the parts of
+    a Spec that moebench.core.report.sweep_markdown reads."""
 
-    recorded = prov.get("spec_path")
-    cands: list[str] = []
-    if isinstance(recorded, str) and recorded:
-        p = Path(recorded)
-        bases = [PACKAGE_ROOT, Path.cwd()] + ([results.parent] if results is not None else [])
-        cands += [str(p)] if p.is_absolute() else [str(b / p) for b in bases]
-    if isinstance(prov.get("sweep"), str):
-        cands.append(prov["sweep"])
-    tried = []
-    for c in cands:
-        try:
-            return load_spec(c), c
-        except (MoebenchError, OSError) as e:
-            tried.append(str(e))
-    return None, "; ".join(tried) or "no spec_path or sweep name in its provenance"
+    def __init__(self, *, name: str, family: Any, description: str, pivot: dict, baseline: dict | None,
+                 model: dict, path: str | None, sha256: str | None, notes: list[str]):
+        self.name, self.family, self.description, self.pivot = name, family, description, pivot
+        self.baseline, self.model, self.path, self.sha256, self.notes = baseline, model, path, sha256, notes
+
+
+class RecordsFamily:
+    """A family known only from its records (a plugin's: readers never import plugins): its
+    parameter names, no sections of its own."""
+
+    def __init__(self, name: str, records: list[Record], host_only: bool = False):
+        self.name, self.host_only, self.origin = name, host_only, "records"
+        self.params = {k: None for r in records for k in r.params}
+        self.default_pivot: dict = {}
+        self.sections = self.ab_sections = self.layers_per_launch = None
+        self.variants: dict = {}
+        self.shape_params: tuple = ()
+
+
+def builtin_family(name: str):
+    """The built-in family of that name (its torch-free declarations), or None: a reader never
+    loads a plugin, an entry point or $MOEBENCH_PLUGINS to find one."""
+    import importlib
+
+    from moebench.families import BUILTIN
+
+    for mod in BUILTIN:
+        fam = importlib.import_module(f"moebench.families.{mod}").FAMILY
+        if fam.name == name:
+            return fam
+    return None
+
+
+def page_spec(prov: dict, records: list[Record]) -> PageSpec:
+    """The PageSpec of a results file: provenance.page where the file has it, else (an older file)
+    the built-in family's pivot and the baseline of provenance.settings, without a description."""
+    page = prov.get("page") if isinstance(prov.get("page"), dict) else {}
+    notes = []
+    fam_name = page.get("family") if isinstance(page.get("family"), str) else (records[0].family if records else "")
+    fam = builtin_family(fam_name)
+    host_only = page.get("host_only") is True or bool(fam is not None and fam.host_only)
+    if fam is None:
+        fam = RecordsFamily(fam_name, records, host_only)
+        notes.append(f"family {fam_name!r} is not built in (a plugin's; readers never import plugins): the page "
+                     "has its pivots, without the family's own sections")
+    if not page:
+        notes.append("written by an older moebench without provenance.page: the page has no description, and "
+                     "the family's default pivot")
+    settings = prov.get("settings") if isinstance(prov.get("settings"), dict) else {}
+    baseline = page.get("baseline", settings.get("baseline"))
+    pivot = page.get("pivot") or fam.default_pivot
+    return PageSpec(name=str(prov.get("sweep") or ""), family=fam, description=str(page.get("description") or ""),
+                    pivot=dict(pivot), baseline=baseline if isinstance(baseline, dict) else None,
+                    model={"moe_layers": page.get("moe_layers")}, path=prov.get("spec_path"),
+                    sha256=prov.get("spec_sha256"), notes=notes)
+
+
+def case_map(spec, *, quick: bool, verify: bool) -> list[list] | None:
+    """The whole matrix of a run (every shard's cases), in order: [case id, id of the baseline
+    launch at its shape (None without a baseline)]. Kept in provenance.cases so that `merge`
+    counts missing cases, orders records and reads each against its baseline without the spec."""
+    from moebench.core.cases import baseline_case, expand
+
+    try:
+        cases = expand(spec, quick=quick, verify=verify, force=True)
+        return [[c.id, baseline_case(spec, c).id if spec.baseline else None] for c in cases]
+    except Exception:  # noqa: BLE001 - provenance stands without it; merge then says it cannot count
+        return None
 
 
 def result_stem(spec_name: str, *, quick: bool, verify: bool) -> str:

@@ -89,3 +89,69 @@ def test_render_runs_without_torch(files, tmp_path):
     code, out, err = _blocked("render", p)
     assert code == 0, err
     assert (tmp_path / "count-block.md").read_text().startswith("# count-block")
+
+
+# ============================================================================ a results file is data
+
+
+def _bundle(d: Path, spec_path: str) -> tuple[Path, Path]:
+    """An attacker's results bundle: t.json whose provenance names SPEC_PATH; beside it evil.yaml,
+    a spec whose `plugins:` runs p.py, which writes a marker file."""
+    d.mkdir(parents=True, exist_ok=True)
+    marker = d / "p-ran"
+    (d / "p.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (d / "evil.yaml").write_text("name: evil\nfamily: count\nplugins: [p.py]\nvariants: [persistent]\n"
+                                 "axes: {tokens: [1]}\n")
+    src = json.loads(_timed_results(d / "src", "count-block").read_text())
+    src["provenance"].update(spec_path=spec_path, sweep="evil")
+    t = d / "t.json"
+    t.write_text(json.dumps(src))
+    shard = json.loads(t.read_text())
+    shard["provenance"]["shard"] = [0, 1]
+    (d / "t.shard0of1.json").write_text(json.dumps(shard))
+    return t, marker
+
+
+@pytest.mark.parametrize("cmd", [
+    lambda t: ["render", t],
+    lambda t: ["merge", t.parent / "t.shard0of1.json", "-o", t.parent / "m/"],
+    lambda t: ["show", t],
+    lambda t: ["compare", t, t],
+    lambda t: ["recommend", t, "--over", "tokens"],
+    lambda t: ["plot", t, "-o", t.parent / "t.png"],
+], ids=["render", "merge", "show", "compare", "recommend", "plot"])
+def test_readers_run_no_code_a_results_file_names(tmp_path, cmd):
+    t, marker = _bundle(tmp_path / "bundle", "evil.yaml")
+    code, out, err = _blocked(*cmd(t), cwd=tmp_path / "bundle")
+    assert code == 0, err
+    assert not marker.exists(), "a reader ran the plugin of the spec a results file names"
+
+
+def test_render_reads_the_results_file_alone(tmp_path):
+    t, marker = _bundle(tmp_path / "bundle", "/etc/passwd")
+    code, out, err = _blocked("render", t, cwd=tmp_path)
+    assert code == 0, err
+    page = t.with_suffix(".md").read_text()
+    assert "root:" not in out + err + page and not marker.exists()
+    assert page.startswith("# evil") and "## median_us" in page
+
+
+def test_render_keeps_the_description_and_pivot_from_the_results_file(tmp_path):
+    p = _timed_results(tmp_path, "count-block")
+    code, out, err = _blocked("render", p, cwd=tmp_path)
+    assert code == 0, err
+    page = p.with_suffix(".md").read_text()
+    spec = load_spec("count-block")
+    assert spec.description.strip().splitlines()[0] in page
+    assert f"{spec.pivot['rows']} \\ {spec.pivot['cols']}" in page
+
+
+def test_render_refuses_an_ab_file(tmp_path):
+    src = ROOT / "results" / "h200" / "count-block-ab.json"
+    p = tmp_path / "count-block-ab.json"
+    p.write_text(src.read_text())
+    page = tmp_path / "count-block-ab.md"
+    page.write_text("# the A/B page\n")
+    code, _, err = _blocked("render", p, cwd=tmp_path)
+    assert code == 2 and "A/B results file" in err and len(err.strip().splitlines()) == 1
+    assert page.read_text() == "# the A/B page\n"
