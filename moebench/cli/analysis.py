@@ -265,10 +265,10 @@ def recommend(
     across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too."""
     from moebench.analysis import read_results
     from moebench.analysis.recommend import explain, recommend_keys, regret_table
-    from moebench.families import catalogue
+    from moebench.core.records import builtin_family
 
     prov, records = read_results(results)
-    fam = catalogue().get(records[0].family)
+    fam = builtin_family(records[0].family)  # a reader never imports a plugin
     ov, cfg, grp = recommend_keys(records, fam, _csv(over), _csv(by))
     recs = regret_table(records, ov, cfg, grp, metric=metric, weights_text=weights)
     name = prov.get("sweep") or Path(results).stem

@@ -96,14 +96,13 @@ def show(
     reference: Optional[str] = REFERENCE_OPT,
 ):
     """Print any results file as a PR-style pivot."""
-    from moebench.families import catalogue
-    from moebench.core.records import load_results
+    from moebench.core.records import builtin_family, load_results
     from moebench.core.report import frame, pivots
 
     prov, records = load_results(results)
     if not records:
         raise UsageError(f"{results}: no records")
-    fam = catalogue().get(records[0].family)
+    fam = builtin_family(records[0].family)  # a reader never imports a plugin
     pv = dict(fam.default_pivot) if fam else {}
     rows = rows or pv.get("rows", "label")
     cols = cols or pv.get("cols", "label")

@@ -41,9 +41,9 @@ def _timed_results(dest: Path, stem: str, scale: float = 1.0, shard=None, cases=
     return dest / f"{stem}.json"
 
 
-def _blocked(*args, cwd=ROOT):
+def _blocked(*args, cwd=ROOT, env=None):
     r = subprocess.run([sys.executable, "-c", BLOCKED, *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})})
     return r.returncode, r.stdout, r.stderr
 
 
@@ -155,3 +155,49 @@ def test_render_refuses_an_ab_file(tmp_path):
     code, _, err = _blocked("render", p, cwd=tmp_path)
     assert code == 2 and "A/B results file" in err and len(err.strip().splitlines()) == 1
     assert page.read_text() == "# the A/B page\n"
+
+
+@pytest.mark.parametrize("cmd", [
+    lambda t: ["show", t],
+    lambda t: ["recommend", t, "--over", "tokens"],
+    lambda t: ["plot", t, "-o", t.parent / "t.png"],
+], ids=["show", "recommend", "plot"])
+def test_readers_do_not_load_installed_plugins(tmp_path, cmd):
+    t, marker = _bundle(tmp_path / "bundle", "evil.yaml")
+    code, _, err = _blocked(*cmd(t), cwd=tmp_path, env={"MOEBENCH_PLUGINS": str(tmp_path / "bundle" / "p.py")})
+    assert code == 0, err
+    assert not marker.exists(), "a reader imported a plugin"
+
+
+def _shards(d: Path, edit1=lambda prov: None) -> tuple[Path, Path]:
+    from moebench.dist.shards import partition
+
+    halves = partition(expand(load_spec("count-block")), 2)
+    paths = []
+    for i in range(2):
+        p = _timed_results(d, f"count-block.shard{i}of2", shard=(i, 2), cases=halves[i])
+        doc = json.loads(p.read_text())
+        doc["provenance"]["settings"] = {"switches": {"MCORE_COUNT_TOKENS_BLOCK": "64"}, "baseline": None}
+        if i == 1:
+            edit1(doc["provenance"])
+        p.write_text(json.dumps(doc))
+        paths.append(p)
+    return paths[0], paths[1]
+
+
+def test_merge_refuses_shards_of_other_kill_switch_settings(tmp_path):
+    s0, s1 = _shards(tmp_path, lambda prov: prov["settings"]["switches"].update(MCORE_COUNT_TOKENS_BLOCK="1024"))
+    code, out, err = _blocked("merge", s0, s1, "-o", tmp_path / "m")
+    assert code == 2 and "kill-switch settings differ" in err and len(err.strip().splitlines()) == 1
+    assert "'64'" in err and "'1024'" in err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_merge_into_a_new_folder(tmp_path):
+    s0, s1 = _shards(tmp_path)
+    code, out, err = _blocked("merge", s0, s1, "-o", f"{tmp_path / 'newdir'}/", cwd=tmp_path)
+    assert code == 0, err
+    assert (tmp_path / "newdir" / "count-block.json").is_file() and not (tmp_path / "newdir.json").exists()
+    doc = json.loads((tmp_path / "newdir" / "count-block.json").read_text())
+    assert [r["case_id"] for r in doc["records"]] == [c.id for c in expand(load_spec("count-block"))]
+    assert "complete" in out and "INCOMPLETE" not in out
