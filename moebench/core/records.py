@@ -282,18 +282,43 @@ def check_formats(text: str, option: str = "--format") -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------- provenance
 
 
-def git_commit(cwd: Path | None = None) -> str | None:
-    """HEAD (with -dirty for uncommitted changes); $MOEBENCH_GIT_COMMIT where the tree was copied
-    without its .git (a remote GPU machine)."""
-    if os.environ.get("MOEBENCH_GIT_COMMIT"):
-        return os.environ["MOEBENCH_GIT_COMMIT"]
+# Where the tree has no .git of its own (copied to a GPU machine), the commit it was copied from;
+# MOEBENCH_GIT_COMMIT is the older name, still read.
+COMMIT_ENV = ("MOEBENCH_COMMIT", "MOEBENCH_GIT_COMMIT")
+_PROJECT = Path(__file__).resolve().parents[2]  # the folder that holds the moebench package
+
+
+def _is_moebench_checkout(top: Path) -> bool:
+    """Whether a git work tree's top folder is moebench's own: it holds this very package and a
+    pyproject.toml naming the project moebench."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5)
+        if top.resolve() != _PROJECT:
+            return False
+        text = (top / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    return any(line.replace(" ", "") == 'name="moebench"' for line in text.splitlines())
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    """moebench's own commit: $MOEBENCH_COMMIT when set, else HEAD (with -dirty for uncommitted
+    changes) of the git repository that holds this package, and only when that repository is
+    moebench's own (a copy of the tree without its .git that sits inside another repository would
+    otherwise name that repository's commit); else None (provenance then says "unknown")."""
+    for var in COMMIT_ENV:
+        if os.environ.get(var, "").strip():
+            return os.environ[var].strip()
+    where = _PROJECT
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True,
+                             timeout=5)
+        if top.returncode != 0 or not _is_moebench_checkout(Path(top.stdout.strip())):
+            return None
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5)
         if out.returncode != 0:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=cwd or Path(__file__).parent, capture_output=True, text=True, timeout=5)
+                               cwd=where, capture_output=True, text=True, timeout=5)
         return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -332,7 +357,7 @@ def provenance(spec, device, *, quick: bool, verify: bool, ceilings: dict, extra
         "command": " ".join(["moebench"] + sys.argv[1:]),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "moebench": __version__,
-        "git_commit": git_commit(),
+        "git_commit": git_commit() or "unknown",
         "device": device.to_dict(),
         "ceilings": ceilings,
         "timing": asdict(spec.timing),
