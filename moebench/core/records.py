@@ -457,10 +457,11 @@ def run_settings(spec, device, *, timed: bool, cross: Iterable[str], environ: Ma
     """Everything besides the case itself that a record's numbers depend on. Changing any of it
     between runs makes `--resume` run the case again: the device (name, backend, SMs, L2),
     whether the run was timed, the timer settings (with --l2), the cross-checks, every kill-switch
-    variable the family's variants read (as set, or None), and the baseline launch every case is
-    checked against."""
+    variable the family's variants read (as set, or None), the baseline launch every case is
+    checked against, and the content hash of each plugin file that defines a variant or the family
+    (`code`; record_key takes only the case's own)."""
     switches = sorted({var for v in spec.family.variants.values() for var, _ in v.env.values()})
-    return {
+    out = {
         "device": {"name": device.name, "backend": device.backend, "sm_count": device.sm_count,
                    "l2_bytes": device.l2_bytes},
         "timed": bool(timed),
@@ -469,13 +470,46 @@ def run_settings(spec, device, *, timed: bool, cross: Iterable[str], environ: Ma
         "switches": {var: (environ.get(var) or "").strip() or None for var in switches},
         "baseline": spec.baseline,
     }
+    code = {"family": _source_sha(spec.family.origin),
+            "variants": {n: h for n, v in spec.family.variants.items() if (h := _source_sha(v.source))}}
+    if code["family"] or code["variants"]:
+        out["code"] = code
+    return out
+
+
+def _source_sha(source: str) -> str | None:
+    """sha256 of the plugin file behind a variant's or family's source ('plugin FILE', or 'plugin
+    MODULE (entry point NAME)'); None for built-in and upstream code."""
+    if not isinstance(source, str) or not source.startswith("plugin "):
+        return None
+    what = source[len("plugin "):]
+    path: str | None = what
+    if " (entry point " in what:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(what.split(" (entry point ")[0].split(":")[0])
+            path = found.origin if found is not None else None
+        except (ImportError, ValueError):
+            path = None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    except OSError:
+        return None
 
 
 def record_key(case, settings: dict) -> str:
     """The resume key of a case run under `settings`: 16 hex digits of a sha256 over the case
-    (family, variant, label, every parameter) and the settings, in canonical JSON."""
-    blob = json.dumps({"case": [case.family, case.variant, case.label, case.params], "settings": settings},
-                      sort_keys=True, default=str)
+    (family, variant, label, every parameter), the settings, and the content hash of the plugin
+    file behind the case's variant and family (editing a plugin re-runs its cases, and only
+    those), in canonical JSON."""
+    code = settings.get("code") or {}
+    mine = {"family": code.get("family"), "variant": (code.get("variants") or {}).get(case.variant)}
+    doc = {"case": [case.family, case.variant, case.label, case.params],
+           "settings": {k: v for k, v in settings.items() if k != "code"}}
+    if any(mine.values()):
+        doc["code"] = mine
+    blob = json.dumps(doc, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
