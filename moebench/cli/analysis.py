@@ -295,7 +295,9 @@ def recommend(
 @app.command(short_help="Block-size or occupancy curves as a PNG.")
 def plot(
     results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a reference table."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG to write (default: RESULTS with .png)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG to write (default: out/FOLDER/NAME.png "
+                                          "for RESULTS FOLDER/NAME.json, never beside a committed results file)."),
+    force: bool = typer.Option(False, "--force", help="Replace the PNG if it exists."),
     reference: Optional[str] = typer.Option(None, "--reference", help="A published table to draw beside the "
                                             "measurement, dashed: " + ", ".join(reference_names()) + "."),
     x: Optional[str] = typer.Option(None, "--x", help="Parameter on the (log2) x axis (default by family: "
@@ -315,11 +317,13 @@ def plot(
     if output is None:
         if str(results).startswith("ref:"):
             raise UsageError("-o: name the PNG to write when plotting a reference alone")
-        output = Path(results).with_suffix(".png")
+        output = DEFAULT_OUT / Path(results).resolve().parent.name / Path(results).with_suffix(".png").name
     if output.suffix.lower() != ".png":
         raise UsageError(f"-o: expected a .png path, got {output}")
     if output.is_dir():
         raise UsageError(f"-o: {output} is a folder; name the .png file to write")
+    if (output.exists() or output.is_symlink()) and not force:
+        raise UsageError(f"-o: {output} exists; not replaced (pass --force to replace it, or another -o)")
     from moebench.core.records import writable_dir
 
     writable_dir(output.parent, "-o")

@@ -144,7 +144,7 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     """Re-render a results file's markdown page with this version's report code (no re-run), from
     the results file alone: no spec file is read and no plugin imported. An A/B results file (from
     `moebench ab`) is refused: its page is an A/B page, which `ab` writes."""
-    from moebench.core.records import atomic_write_text, load_results, page_spec
+    from moebench.core.records import atomic_write_text, load_results, page_spec, page_trailer
     from moebench.core.report import sweep_markdown
 
     dest = results.with_suffix(".md")
@@ -162,7 +162,7 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
     timed = any(r.timing.get("median_us") is not None for r in records)
     md = sweep_markdown(spec, records, prov, metric=None if timed or spec.family.host_only else "ref_check")
-    atomic_write_text(dest, md)
+    atomic_write_text(dest, md.rstrip("\n") + "\n" + page_trailer(prov, len(records)))
     out.print(f"Wrote {dest}")
 
 

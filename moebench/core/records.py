@@ -646,9 +646,39 @@ class OutputLock:
 # ----------------------------------------------------------------------------------- the writer
 
 
+PAGE_MARK = "<!-- moebench page:"
+
+
+def page_trailer(prov: dict, n_records: int) -> str:
+    """The last line of a results page: how many records it shows and which spec made it, so a
+    later run can tell (without a JSON twin) whether writing its page would replace a bigger one or
+    another spec's."""
+    doc = {"records": n_records, "spec_path": prov.get("spec_path"), "spec_sha256": prov.get("spec_sha256")}
+    return f"\n{PAGE_MARK} {json.dumps(doc)} -->\n"
+
+
+def _page_info(path: Path) -> dict:
+    """What a page's trailer says ({} for a page without one: an older moebench's, or a hand-made one)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    at = tail.rfind(PAGE_MARK)
+    if at < 0:
+        return {}
+    try:
+        doc = json.loads(tail[at + len(PAGE_MARK):].split("-->", 1)[0])
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int, Path | None]:
     """The most records any of STEM's result files in the given formats holds now, and that file
-    (0, None when there is none); the markdown page is read from its JSON twin."""
+    (0, None when there is none). A markdown page counts what its JSON twin holds (whether or not
+    json is among the formats), else what its trailer says."""
     best, where = 0, None
     for f in formats:
         p = dest / f"{stem}.{f}"
@@ -656,9 +686,12 @@ def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int
             continue
         n = 0
         try:
-            if f == "json":
-                _, recs = load_results(p)
+            if f == "json" or (f == "md" and (dest / f"{stem}.json").is_file()):
+                _, recs = load_results(dest / f"{stem}.json")
                 n = len(recs)
+            elif f == "md":
+                v = _page_info(p).get("records")
+                n = v if isinstance(v, int) and not isinstance(v, bool) else 0
             elif f == "csv":
                 with open(p, newline="") as fh:
                     n = max(0, sum(1 for _ in csv.reader(fh)) - 1)
@@ -671,6 +704,28 @@ def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int
         if n > best:
             best, where = n, p
     return best, where
+
+
+def other_spec(dest: Path, stem: str, prov: dict, formats: Iterable[str]) -> str | None:
+    """Why STEM's results in DEST were made by another spec of the same name (a spec file at
+    another path with other content), else None. A spec edited in place, or the same content
+    elsewhere, is the same spec."""
+    for f in ("json", *formats):
+        p = dest / f"{stem}.{f}"
+        if not p.is_file() or f in ("csv", "parquet"):
+            continue
+        try:
+            old = load_results(p)[0] if f == "json" else _page_info(p)
+        except UsageError:
+            continue
+        path, sha = old.get("spec_path"), old.get("spec_sha256")
+        if not (isinstance(path, str) and isinstance(sha, str)):
+            continue
+        if path != prov.get("spec_path") and sha != prov.get("spec_sha256"):
+            return (f"{p} holds the results of another spec named {prov.get('sweep')!r} ({path}, sha256 {sha[:12]}); "
+                    f"this run's is {prov.get('spec_path')} (sha256 {str(prov.get('spec_sha256'))[:12]}): not "
+                    "replaced (pass --force to replace them, or another --out)")
+    return None
 
 
 @dataclass
@@ -700,6 +755,9 @@ class ResultsWriter:
         self._stream = None
         self._synced = 0.0  # monotonic time of the stream's last fsync
         self._wrote = False
+        why = None if force else other_spec(out_dir, stem, prov, self.formats)
+        if why:
+            raise UsageError(why)
 
     def _open(self):
         if self._stream is None:
@@ -770,7 +828,7 @@ class ResultsWriter:
                 paths.append(p)
         if "md" in self.formats and markdown is not None:
             p = self.out_dir / f"{self.stem}.md"
-            atomic_write_text(p, markdown)
+            atomic_write_text(p, markdown.rstrip("\n") + "\n" + page_trailer(prov, len(records)))
             paths.append(p)
         stream = self.partial if self.partial.exists() else None
         if complete and self._wrote and stream is not None:  # merge never wrote it: a stream it leaves alone
