@@ -103,6 +103,9 @@ def show(
     if not records:
         raise UsageError(f"{results}: no records")
     fam = builtin_family(records[0].family)  # a reader never imports a plugin
+    from moebench.analysis.compare import add_cycles
+
+    add_cycles(records)  # timing.cycles (median µs x the case's SM clock) where a clock is recorded
     pv = dict(fam.default_pivot) if fam else {}
     rows = rows or pv.get("rows", "label")
     cols = cols or pv.get("cols", "label")
