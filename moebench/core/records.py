@@ -422,15 +422,44 @@ def page_spec(prov: dict, records: list[Record]) -> PageSpec:
         notes.append(f"family {fam_name!r} is not built in (a plugin's; readers never import plugins): the page "
                      "has its pivots, without the family's own sections")
     if not page:
-        notes.append("written by an older moebench without provenance.page: the page has no description, and "
-                     "the family's default pivot")
+        page = _builtin_page(prov)
+        notes.append("written by an older moebench without provenance.page: " + (
+            f"the description and pivot are today's, from moebench's own {prov.get('spec_path')}" if page else
+            "the page has no description, and the family's default pivot"))
     settings = prov.get("settings") if isinstance(prov.get("settings"), dict) else {}
     baseline = page.get("baseline", settings.get("baseline"))
-    pivot = page.get("pivot") or fam.default_pivot
+    pivot = {**fam.default_pivot, **(page.get("pivot") or {})}
     return PageSpec(name=str(prov.get("sweep") or ""), family=fam, description=str(page.get("description") or ""),
                     pivot=dict(pivot), baseline=baseline if isinstance(baseline, dict) else None,
                     model={"moe_layers": page.get("moe_layers")}, path=prov.get("spec_path"),
                     sha256=prov.get("spec_sha256"), notes=notes)
+
+
+def _builtin_page(prov: dict) -> dict:
+    """For an older results file made from one of moebench's own sweeps (spec_path
+    ``sweeps/NAME.yaml``, relative to the checkout): that file's description and pivot, read as
+    data (yaml.safe_load; never load_spec, which runs a spec's plugins). {} otherwise."""
+    import yaml
+
+    from moebench.core.spec import builtin_sweeps
+
+    name, path = prov.get("sweep"), prov.get("spec_path")
+    found = next((p for p in builtin_sweeps() if p.stem == name and path == f"sweeps/{p.name}"), None)
+    if found is None:
+        return {}
+    try:
+        doc = yaml.safe_load(found.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    if not isinstance(doc, dict) or "plugins" in doc:
+        return {}
+    page = {}
+    if isinstance(doc.get("description"), str):
+        page["description"] = doc["description"]
+    pivot = doc.get("pivot")
+    if isinstance(pivot, dict) and all(isinstance(v, str) for v in pivot.values()):
+        page["pivot"] = pivot
+    return page
 
 
 def case_map(spec, *, quick: bool, verify: bool) -> list[list] | None:

@@ -201,3 +201,16 @@ def test_merge_into_a_new_folder(tmp_path):
     doc = json.loads((tmp_path / "newdir" / "count-block.json").read_text())
     assert [r["case_id"] for r in doc["records"]] == [c.id for c in expand(load_spec("count-block"))]
     assert "complete" in out and "INCOMPLETE" not in out
+
+
+def test_render_of_an_older_file_takes_the_page_from_moebenchs_own_sweep(tmp_path):
+    """A committed file from before provenance.page: its description and pivot come from the built-in
+    sweeps/NAME.yaml, read as data."""
+    p = tmp_path / "count-block.json"
+    p.write_text((ROOT / "results" / "h200" / "count-block.json").read_text())
+    assert "page" not in json.loads(p.read_text())["provenance"]
+    code, out, err = _blocked("render", p, cwd=tmp_path)
+    assert code == 0, err
+    page = p.with_suffix(".md").read_text()
+    assert load_spec("count-block").description.strip().splitlines()[0] in page
+    assert "older moebench" in err and "sweeps/count-block.yaml" in err
