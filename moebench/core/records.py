@@ -161,7 +161,7 @@ _PROVENANCE_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "ceilings": ((dict,), "an object"), "timing": ((dict,), "an object"), "settings": ((dict,), "an object"),
     "cross_checks": ((list,), "a list"), "shard": ((list, type(None)), "a list or null"),
     "complete": ((bool,), "true or false"), "quick": ((bool,), "true or false"),
-    "page": ((dict,), "an object"), "cases": ((list, type(None)), "a list or null"),
+    "page": ((dict,), "an object"), "cases": ((dict, type(None)), "an object or null"),
 }
 # provenance.page: the type each key must have when present
 _PAGE_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
@@ -184,9 +184,9 @@ def check_provenance(prov: Any, key: str = "provenance") -> dict:
     for k, v in prov.get("page", {}).get("pivot", {}).items():
         if not isinstance(v, str):
             raise Malformed(f"{key}.page.pivot.{k}", f"expected a string, got {_kind(v)}")
-    for i, c in enumerate(prov.get("cases") or []):
-        if not (isinstance(c, list) and len(c) == 2 and isinstance(c[0], str) and isinstance(c[1], (str, type(None)))):
-            raise Malformed(f"{key}.cases[{i}]", f"expected [case id, baseline case id or null], got {_kind(c)}")
+    for k, v in (prov.get("cases") or {}).items():
+        if not isinstance(v, (str, type(None))):
+            raise Malformed(f"{key}.cases.{k}", f"expected the baseline's case id or null, got {_kind(v)}")
     return prov
 
 
@@ -462,15 +462,15 @@ def _builtin_page(prov: dict) -> dict:
     return page
 
 
-def case_map(spec, *, quick: bool, verify: bool) -> list[list] | None:
-    """The whole matrix of a run (every shard's cases), in order: [case id, id of the baseline
-    launch at its shape (None without a baseline)]. Kept in provenance.cases so that `merge`
+def case_map(spec, *, quick: bool, verify: bool) -> dict[str, str | None] | None:
+    """The whole matrix of a run (every shard's cases), in order: case id -> id of the baseline
+    launch at its shape (None without a baseline). Kept in provenance.cases so that `merge`
     counts missing cases, orders records and reads each against its baseline without the spec."""
     from moebench.core.cases import baseline_case, expand
 
     try:
         cases = expand(spec, quick=quick, verify=verify, force=True)
-        return [[c.id, baseline_case(spec, c).id if spec.baseline else None] for c in cases]
+        return {c.id: baseline_case(spec, c).id if spec.baseline else None for c in cases}
     except Exception:  # noqa: BLE001 - provenance stands without it; merge then says it cannot count
         return None
 

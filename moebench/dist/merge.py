@@ -115,7 +115,7 @@ def merge_results(paths: Sequence[Path]) -> Merged:
     cmap = _case_map(loaded)
     order: dict[str, int] = {}
     if cmap is not None:
-        order = {cid: i for i, (cid, _) in enumerate(cmap)}
+        order = {cid: i for i, cid in enumerate(cmap)}
         m.missing_cases = sum(1 for cid in order if cid not in records)
     else:
         m.notes.append("the files do not list the spec's cases (provenance.cases; written by an older moebench): "
@@ -125,7 +125,7 @@ def merge_results(paths: Sequence[Path]) -> Merged:
     m.records = sorted(records.values(),
                        key=lambda r: (order.get(r.case_id, len(order)), first_seen[r.case_id]))
     if cmap is not None:
-        _baseline_deltas(m.records, dict(cmap), m.spec)  # a shape's baseline may have run in another shard
+        _baseline_deltas(m.records, cmap, m.spec)  # a shape's baseline may have run in another shard
 
     commits = sorted({str(prov.get("git_commit")) for _, prov, _ in loaded})
     if len(commits) > 1:
@@ -135,11 +135,11 @@ def merge_results(paths: Sequence[Path]) -> Merged:
     return m
 
 
-def _case_map(loaded: list) -> list | None:
-    """provenance.cases of the shards ([case id, baseline case id] of the whole matrix), when every
-    file carries it and they agree; else None."""
+def _case_map(loaded: list) -> dict | None:
+    """provenance.cases of the shards (case id -> baseline case id, the whole matrix in order), when
+    every file carries it and they agree; else None."""
     maps = [prov.get("cases") for _, prov, _ in loaded]
-    if any(not isinstance(c, list) for c in maps) or any(c != maps[0] for c in maps[1:]):
+    if any(not isinstance(c, dict) for c in maps) or any(c != maps[0] for c in maps[1:]):
         return None
     return maps[0]
 

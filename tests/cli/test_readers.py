@@ -214,3 +214,36 @@ def test_render_of_an_older_file_takes_the_page_from_moebenchs_own_sweep(tmp_pat
     page = p.with_suffix(".md").read_text()
     assert load_spec("count-block").description.strip().splitlines()[0] in page
     assert "older moebench" in err and "sweeps/count-block.yaml" in err
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda p: p["page"].update(pivot={"rows": 3}), "provenance.page.pivot.rows"),
+    (lambda p: p["page"].update(description=["x"]), "provenance.page.description"),
+    (lambda p: p.update(cases={"a": 1}), "provenance.cases.a"),
+], ids=["pivot", "description", "cases"])
+def test_render_names_a_bad_page_key(tmp_path, edit, key):
+    doc = json.loads(_timed_results(tmp_path / "src", "count-block").read_text())
+    edit(doc["provenance"])
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    code, _, err = _blocked("render", p, cwd=tmp_path)
+    assert code == 2 and key in err and len(err.strip().splitlines()) == 1
+
+
+def test_merge_reads_each_case_against_a_baseline_of_another_shard(tmp_path):
+    s0, s1 = _shards(tmp_path)
+    docs = [json.loads(p.read_text()) for p in (s0, s1)]
+    base_ids = set(docs[0]["provenance"]["cases"].values())
+    # every baseline launch in shard 0, every other case in shard 1
+    recs = [r for d in docs for r in d["records"]]
+    docs[0]["records"] = [r for r in recs if r["case_id"] in base_ids]
+    docs[1]["records"] = [r for r in recs if r["case_id"] not in base_ids]
+    for p, d in zip((s0, s1), docs):
+        p.write_text(json.dumps(d))
+    code, out, err = _blocked("merge", s0, s1, "-o", tmp_path / "m")
+    assert code == 0, err
+    merged = json.loads((tmp_path / "m.json").read_text())["records"]
+    by = {r["case_id"]: r for r in merged}
+    bmap = docs[0]["provenance"]["cases"]
+    other = [r for r in merged if r["case_id"] not in base_ids]
+    assert other and all(r["work"]["baseline_us"] == by[bmap[r["case_id"]]]["timing"]["median_us"] for r in other)
