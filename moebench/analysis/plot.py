@@ -39,7 +39,7 @@ class Drawn:
 def preset_for(records: list[Record], x: str | None, series: str | None) -> Preset:
     """The family's plot preset (its catalogue's `plot`, else its default pivot), with --x and
     --series applied."""
-    from moebench.core.records import builtin_family
+    from moebench.analysis.pages import builtin_family
 
     fam = records[0].family
     spec = builtin_family(fam)  # a reader never imports a plugin

@@ -267,7 +267,7 @@ def recommend(
     across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too."""
     from moebench.analysis import read_results
     from moebench.analysis.recommend import explain, recommend_keys, regret_table
-    from moebench.core.records import builtin_family
+    from moebench.analysis.pages import builtin_family
 
     prov, records = read_results(results)
     fam = builtin_family(records[0].family)  # a reader never imports a plugin

@@ -96,7 +96,8 @@ def show(
     reference: Optional[str] = REFERENCE_OPT,
 ):
     """Print any results file as a PR-style pivot."""
-    from moebench.core.records import builtin_family, load_results
+    from moebench.analysis.pages import builtin_family
+    from moebench.core.records import load_results
     from moebench.core.report import frame, pivots
 
     prov, records = load_results(results)
@@ -147,7 +148,8 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     """Re-render a results file's markdown page with this version's report code (no re-run), from
     the results file alone: no spec file is read and no plugin imported. An A/B results file (from
     `moebench ab`) is refused: its page is an A/B page, which `ab` writes."""
-    from moebench.core.records import atomic_write_text, load_results, page_spec, page_trailer
+    from moebench.analysis.pages import page_spec
+    from moebench.core.records import atomic_write_text, load_results, page_trailer
     from moebench.core.report import sweep_markdown
 
     dest = results.with_suffix(".md")

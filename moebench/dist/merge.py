@@ -28,7 +28,7 @@ class Merged:
     missing_shards: list[int] = field(default_factory=list)
     missing_cases: int | None = None  # None: the spec was not available to count them
     incomplete_files: list[Path] = field(default_factory=list)
-    spec: Any = None  # the PageSpec read from the files (moebench.core.records.page_spec)
+    spec: Any = None  # the PageSpec read from the files (moebench.analysis.pages.page_spec)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -109,7 +109,7 @@ def merge_results(paths: Sequence[Path]) -> Merged:
 
     # the whole matrix, from the files themselves (provenance.cases): a reader never opens the spec
     # file a results file names (loading a spec runs its plugins)
-    from moebench.core.records import page_spec
+    from moebench.analysis.pages import page_spec
 
     m.spec = page_spec(prov0, [r for _, _, recs in loaded for r in recs])
     cmap = _case_map(loaded)
