@@ -22,14 +22,15 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 cuda-bench==0.3.0 -d .whl
 # and the device call (carry .whl):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-#     .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH && MOEBENCH_GIT_COMMIT=<sha> bash scripts/h200-instrument.sh
+#     .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH && MOEBENCH_COMMIT=<sha> bash scripts/h200-instrument.sh
 set -uo pipefail
 OUT=${1:-${OUT:-instrument-out}}
 W=/tmp/moebench-instrument
 BUDGET=${BUDGET:-530}   # seconds this script may run (600 per device command, less the wheel install)
 rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export MOEBENCH_GIT_COMMIT=${MOEBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# moebench's own commit only (never that of a repository the tree was copied into): records.git_commit
+export MOEBENCH_COMMIT=${MOEBENCH_COMMIT:-${MOEBENCH_GIT_COMMIT:-$(python3 -c 'from moebench.core.records import git_commit; print(git_commit() or "unknown")' 2>/dev/null || echo unknown)}}
 SUMMARY=$W/summary.txt
 say() { echo "[$(printf '%4d' $SECONDS) s] $*" | tee -a "$SUMMARY"; }
 bundle() {  # what has been made so far, under OUT (re-made after every step: a cut run keeps it)
@@ -48,7 +49,7 @@ step() {  # step SECONDS LOGNAME COMMAND...: run with a time limit, log to W/LOG
 }
 left() { echo $((BUDGET - SECONDS)); }
 
-say "commit $MOEBENCH_GIT_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null)"
+say "commit $MOEBENCH_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null)"
 python3 - >"$W/env.txt" 2>&1 <<'PY'
 import platform, torch, triton
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)

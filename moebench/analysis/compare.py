@@ -13,14 +13,52 @@ from moebench.errors import UsageError
 
 VERDICTS = ("SAME", "FASTER", "SLOWER", "UNCLEAR")
 
+# The run-to-run half-width of a record that states none (timing.rerun_rel absent: files of an
+# older moebench, e.g. results/h200x2/*.json, whose rel_noise is the spread inside one run only:
+# ±0.01-0.08% there). Measured on one H200, two runs of one commit differed per case by up to 6.7%
+# (a one-GPU and a two-worker count-block sweep, results/h200x2/DEVICES.md; median 0.4%), and four
+# fresh-process sweeps by up to 10.8% (issue 23). 5% per file, added in quadrature to its rel_noise
+# as a newer file adds its own rerun_rel, makes the combined half-width of two such files 7.1%: it
+# holds the 6.7% between two runs of one commit, so the gate does not read it as a regression.
+LEGACY_RERUN_REL = 0.05
+
+# Two files whose SM clocks (the median over the compared records) differ by more than this are
+# said to differ: µs then mix the code's change with the clock's; --cycles compares µs x MHz.
+CLOCK_TOLERANCE = 0.02
+
+# Timer settings that decide how long a measurement runs, not what it measures: they may differ
+# between the two files. Every other key of provenance.timing (l2, groups, placements, launches per
+# graph, placement memory, ...) changes the number itself, and must agree unless --allow-settings.
+NOISE_ONLY_SETTINGS = frozenset({"warmup", "min_replays", "max_replays", "max_seconds", "target_rel_noise",
+                                 "clock_drop", "clock_retries", "rerun_rel"})
+
+# Which way is better, per metric: a time (any *_us, cycles) or a ratio to a floor is better lower;
+# a throughput or a speed-up is better higher. A metric in neither is refused.
+HIGHER_IS_BETTER = frozenset({"gbps", "speedup", "tflops", "gflops"})
+LOWER_IS_BETTER = frozenset({"cycles", "x_floor", "x_empty", "x_floor_plus_empty", "over_empty_us"})
+
 COMPARE_RULE = (
     "Per case (matched by case_id), d = (new - base) / base on the median per launch, and the noise "
-    "n = sqrt(nb² + nn²), where nb, nn are the two rows' rel_noise: the ~95% half-width of each median "
-    "(McGill's notch, 1.57·IQR/√replays, over the median). With t the threshold: FASTER or SLOWER when "
-    "|d| ≥ t and |d| > n (resolved from zero and at least t); SAME when |d| + n < t (any change is "
-    "inside ±t); UNCLEAR otherwise (a change of t or more cannot be confirmed or ruled out), and when "
-    "a row has no noise estimate. nvbench's compare calls a change SAME when |d| ≤ min(noise) of the "
-    "two rows; this rule adds the threshold so that a resolved but immaterial change stays SAME.")
+    "n = sqrt(nb² + nn²), where nb, nn are the two rows' stated half-widths: rel_noise, the ~95% "
+    "half-width of each median (McGill's notch, 1.57·IQR/√replays, over the median), with the "
+    "run-to-run term the record states (rerun_rel) or, for a record that states none (an older file), "
+    f"LEGACY_RERUN_REL = {LEGACY_RERUN_REL:g} added in quadrature. With t the threshold: FASTER or "
+    "SLOWER when |d| ≥ t and |d| > n (resolved from zero and at least t; for a higher-is-better metric "
+    "such as gbps a drop is SLOWER); SAME when |d| + n < t (any change is inside ±t); UNCLEAR otherwise "
+    "(a change of t or more cannot be confirmed or ruled out), and when a row has no noise estimate. "
+    "nvbench's compare calls a change SAME when |d| ≤ min(noise) of the two rows; this rule adds the "
+    "threshold so that a resolved but immaterial change stays SAME.")
+
+
+def metric_direction(metric: str) -> bool:
+    """True when higher is better, False when lower is; UsageError for a metric of unknown direction."""
+    if metric in HIGHER_IS_BETTER:
+        return True
+    if metric in LOWER_IS_BETTER or metric.endswith("_us"):
+        return False
+    raise UsageError(f"--metric: moebench does not know whether a higher or a lower {metric!r} is better; compare "
+                     f"a time (median_us or another *_us), {', '.join(sorted(LOWER_IS_BETTER))} (lower is better) or "
+                     f"{', '.join(sorted(HIGHER_IS_BETTER))} (higher is better)")
 
 
 @dataclass
@@ -36,6 +74,10 @@ class CompareRow:
     note: str = ""
     new_status: str = "ok"
     judged: bool = False  # both medians and both noise estimates were there: the verdict rests on data
+    base_mhz: float | None = None  # the SM clock of each record (mean of start and end), when recorded
+    new_mhz: float | None = None
+    base_cycles: float | None = None  # the value x the clock (µs x MHz), for a time metric
+    new_cycles: float | None = None
 
 
 @dataclass
@@ -46,6 +88,10 @@ class CompareReport:
     threshold: float
     metric: str
     vary: list[str] = field(default_factory=list)  # parameters that tell the matched cases apart
+    higher_is_better: bool = False
+    cycles: bool = False  # base_us/new_us hold cycles (µs x MHz)
+    noise_models: dict[str, str] = field(default_factory=dict)  # BASE/NEW -> how its half-widths were taken
+    notes: list[str] = field(default_factory=list)  # what a reader must know: clocks, settings allowed to differ
 
     def counts(self) -> dict[str, int]:
         c = {v: 0 for v in VERDICTS}
@@ -62,10 +108,16 @@ class CompareReport:
     def failed_in_new(self) -> list[CompareRow]:
         return [r for r in self.rows if r.new_status not in ("ok", "unavailable")]
 
-    def gate(self) -> tuple[int, str]:
+    @property
+    def unclear(self) -> list[CompareRow]:
+        return [r for r in self.rows if r.verdict == "UNCLEAR" and r.judged]
+
+    def gate(self, *, allow_unclear: bool = False) -> tuple[int, str]:
         """The exit code of `--fail-on-regression` and why. Fails closed: 2 when the files cannot
         support a verdict (nothing compared, a case of BASE missing from NEW, a matched case without
-        both times and noise estimates); else 1 when a case is SLOWER or failed in NEW; else 0."""
+        both times and noise estimates); else 1 when a case is SLOWER or failed in NEW; else 2 when a
+        case is UNCLEAR (a change of the threshold or more can be neither confirmed nor ruled out)
+        unless `allow_unclear`; else 0."""
         if not self.rows:
             return 2, "BASE and NEW share no case: nothing was compared"
         blind = [r for r in self.rows if not r.judged and r.new_status in ("ok", "unavailable")]
@@ -79,6 +131,12 @@ class CompareReport:
             return 1, f"{len(self.failed_in_new)} cases failed in NEW ({r.case_id} {r.label}: {r.new_status})"
         if self.regressions:
             return 1, f"{len(self.regressions)} cases are SLOWER"
+        if self.unclear and not allow_unclear:
+            r = self.unclear[0]
+            return 2, (f"{len(self.unclear)} of {len(self.rows)} cases are UNCLEAR (e.g. {r.case_id} {r.label}: "
+                       f"{100 * (r.diff or 0):+.2f}% ± {100 * (r.noise or 0):.2f}%), so the gate cannot vouch for "
+                       f"them at {100 * self.threshold:g}%; pass --allow-unclear to let them through, or raise "
+                       "--threshold")
         return 0, "no regression"
 
     def summary(self) -> str:
@@ -90,7 +148,7 @@ class CompareReport:
         if self.only_base or self.only_new:
             line += f"; {len(self.only_base)} only in BASE, {len(self.only_new)} only in NEW"
         worst = max((r for r in self.rows if r.diff is not None and r.verdict == "SLOWER"),
-                    key=lambda r: r.diff, default=None)
+                    key=lambda r: -r.diff if self.higher_is_better else r.diff, default=None)
         if worst is not None:
             which = ", ".join(f"{k}={worst.params.get(k)}" for k in self.vary) or _short(worst.params)
             line += f"; worst regression {100 * worst.diff:+.1f}% ({worst.label} {which})"
@@ -98,8 +156,9 @@ class CompareReport:
 
 
 def record_noise(rec: Record) -> float | None:
-    """A row's relative uncertainty of its median: timing.rel_noise, else 1.57·IQR/√n/median
-    from iqr_us and n_replays; None when neither is there (or it is not finite)."""
+    """A row's relative uncertainty of its median, as the record states it: timing.rel_noise, else
+    1.57·IQR/√n/median from iqr_us and n_replays; None when neither is there (or it is not finite).
+    See `judged_noise` for the half-width compare uses."""
     t = rec.timing
     v = t.get("rel_noise")
     if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -110,18 +169,102 @@ def record_noise(rec: Record) -> float | None:
     return None
 
 
+def states_rerun(rec: Record) -> bool:
+    """Whether the record's rel_noise already holds a run-to-run term (timing.rerun_rel)."""
+    v = rec.timing.get("rerun_rel")
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def judged_noise(rec: Record) -> float | None:
+    """The half-width compare uses: the record's rel_noise where it states its run-to-run term,
+    else its within-run noise with LEGACY_RERUN_REL added in quadrature."""
+    n = record_noise(rec)
+    if n is None or states_rerun(rec):
+        return n
+    return math.hypot(n, LEGACY_RERUN_REL)
+
+
+def noise_model(records: list[Record]) -> str:
+    """How a file's half-widths are taken, in words."""
+    timed = [r for r in records if r.status == "ok" and record_noise(r) is not None]
+    stated = [r for r in timed if states_rerun(r)]
+    terms = sorted({float(r.timing["rerun_rel"]) for r in stated})
+    text = []
+    if stated:
+        text.append(f"{len(stated)} records state their run-to-run term (rerun_rel "
+                    f"{', '.join(f'{100 * x:g}%' for x in terms)}, in rel_noise)")
+    if len(stated) < len(timed):
+        text.append(f"{len(timed) - len(stated)} records state within-run noise only (an older moebench): "
+                    f"+{100 * LEGACY_RERUN_REL:g}% run-to-run floor in quadrature")
+    return "; ".join(text) or "no noise estimates"
+
+
+def record_mhz(rec: Record) -> float | None:
+    """The SM clock of a record: the mean of timing.sm_clock_start_mhz and _end_mhz (either alone
+    when only one is there), None when neither is."""
+    vals = [v for v in (rec.timing.get("sm_clock_start_mhz"), rec.timing.get("sm_clock_end_mhz"))
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0]
+    return sum(vals) / len(vals) if vals else None
+
+
+def record_cycles(rec: Record, metric: str = "median_us") -> float | None:
+    """A time metric in SM clock cycles (µs x MHz), from the record's own clock; None without one."""
+    v, mhz = metric_of(rec, metric), record_mhz(rec)
+    return v * mhz if v is not None and mhz is not None and metric.endswith("_us") else None
+
+
+def add_cycles(records: list[Record], metric: str = "median_us") -> int:
+    """Set timing.cycles (the median in SM clock cycles) on every record whose clock is known, for
+    the per-case tables (show --metric cycles); returns how many got one."""
+    n = 0
+    for r in records:
+        c = record_cycles(r, metric)
+        if c is not None:
+            r.timing["cycles"] = round(c, 1)
+            n += 1
+    return n
+
+
 def classify(base: float, new: float, base_noise: float | None, new_noise: float | None,
-             threshold: float) -> tuple[str, float, float | None]:
+             threshold: float, higher_is_better: bool = False) -> tuple[str, float, float | None]:
     """(verdict, d, n) by COMPARE_RULE."""
     d = (new - base) / base
     if base_noise is None or new_noise is None:
         return "UNCLEAR", d, None
     n = math.hypot(base_noise, new_noise)
     if abs(d) >= threshold and abs(d) > n:
-        return ("SLOWER" if d > 0 else "FASTER"), d, n
+        return ("SLOWER" if (d > 0) != higher_is_better else "FASTER"), d, n
     if abs(d) + n < threshold:
         return "SAME", d, n
     return "UNCLEAR", d, n
+
+
+def check_comparable(pb: dict, pn: dict, *, allow_settings: bool = False, allow_device: bool = False) -> list[str]:
+    """Refuse (UsageError, exit 2) two files timed on different devices or under timer settings
+    that change the numbers, unless allowed; returns notes on what was allowed to differ."""
+    notes = []
+    db, dn = pb.get("device") or {}, pn.get("device") or {}
+    dev = [k for k in ("name", "backend", "sm_count") if db.get(k) != dn.get(k)]
+    if dev:
+        what = (f"BASE ran on {db.get('name')} ({db.get('sm_count')} SMs), NEW on {dn.get('name')} "
+                f"({dn.get('sm_count')} SMs)")
+        if not allow_device:
+            raise UsageError(f"{what}: times of two devices are no gate; pass --allow-device to compare them anyway "
+                             "(--cycles compares in clock cycles)")
+        notes.append(f"{what}: a cross-device comparison (--allow-device)")
+    tb, tn = pb.get("timing") or {}, pn.get("timing") or {}
+    keys = sorted((set(tb) | set(tn)) - NOISE_ONLY_SETTINGS)
+    sb = (pb.get("settings") or {}).get("switches") or {}
+    sn = (pn.get("settings") or {}).get("switches") or {}
+    diff = [f"{k}: {tb.get(k, 'absent')!r} -> {tn.get(k, 'absent')!r}" for k in keys if tb.get(k) != tn.get(k)]
+    diff += [f"${k}: {sb.get(k)!r} -> {sn.get(k)!r}" for k in sorted(set(sb) | set(sn)) if sb.get(k) != sn.get(k)]
+    if diff:
+        what = "the two files were timed under other settings (" + "; ".join(diff) + ")"
+        if not allow_settings:
+            raise UsageError(f"{what}: their numbers measure different things; pass --allow-settings to compare them "
+                             "anyway")
+        notes.append(f"{what} (--allow-settings)")
+    return notes
 
 
 GROUPS = ("timing", "work", "cross", "checks")
@@ -138,7 +281,9 @@ def _raw(rec: Record, metric: str) -> Any:
 def check_times(records: list[Record], name: str, metric: str) -> None:
     """Fail closed on the inputs: the metric must be a column of the file, and every value it has
     in a passing record must be a positive, finite number (a NaN or a zero time would read as a
-    huge speed-up)."""
+    huge speed-up). The metric may be `cycles` where the records carry an SM clock."""
+    if metric == "cycles":
+        add_cycles(records)
     if not any(metric in getattr(r, g) for r in records for g in GROUPS):
         cols = sorted({k for r in records for k, v in r.timing.items() if isinstance(v, (int, float))})
         raise UsageError(f"--metric: {name} has no column {metric!r}"
@@ -154,9 +299,15 @@ def check_times(records: list[Record], name: str, metric: str) -> None:
 
 
 def compare_records(base: list[Record], new: list[Record], *, threshold: float = 0.05,
-                    metric: str = "median_us") -> CompareReport:
+                    metric: str = "median_us", cycles: bool = False) -> CompareReport:
+    """Per case SAME / FASTER / SLOWER / UNCLEAR by COMPARE_RULE, each file's half-widths by its own
+    noise model (judged_noise). `cycles`: compare a time metric in SM clock cycles (µs x MHz, each
+    record's own clock) instead of µs; a record without a clock is then not judged."""
     check_times(base, "BASE", metric)
     check_times(new, "NEW", metric)
+    higher = metric_direction(metric)
+    if cycles and not metric.endswith("_us"):
+        raise UsageError(f"--cycles: compares a time (a *_us metric) in clock cycles; {metric!r} is not one")
     bmap, nmap = _by_case(base, "BASE"), _by_case(new, "NEW")
     rows = []
     for cid, b in bmap.items():
@@ -164,29 +315,55 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
         if n is None:
             continue
         row = CompareRow(cid, b.label, b.params, metric_of(b, metric), metric_of(n, metric), None, None, "—",
-                         new_status=n.status)
+                         new_status=n.status, base_mhz=record_mhz(b), new_mhz=record_mhz(n),
+                         base_cycles=record_cycles(b, metric), new_cycles=record_cycles(n, metric))
+        if cycles:
+            row.base_us, row.new_us = row.base_cycles, row.new_cycles
         if b.status != "ok" or n.status != "ok":
             which = [f"{s} {r.status}" for s, r in (("BASE", b), ("NEW", n)) if r.status != "ok"]
             row.note = "; ".join(which)
         elif row.base_us is None or row.new_us is None:
-            row.note = "no timing in " + " and ".join(s for s, v in (("BASE", row.base_us), ("NEW", row.new_us))
-                                                      if v is None)
+            what = "clock" if cycles else "timing"
+            row.note = f"no {what} in " + " and ".join(
+                s for s, v in (("BASE", row.base_us), ("NEW", row.new_us)) if v is None)
         elif row.base_us <= 0:
             row.note = "BASE time is not positive"
         else:
-            row.verdict, row.diff, row.noise = classify(row.base_us, row.new_us, record_noise(b),
-                                                        record_noise(n), threshold)
+            row.verdict, row.diff, row.noise = classify(row.base_us, row.new_us, judged_noise(b), judged_noise(n),
+                                                        threshold, higher)
             row.judged = row.noise is not None
             if row.noise is None:
                 row.note = "no noise estimate"
             notes = [f"{s} clock dropped" for s, r in (("BASE", b), ("NEW", n)) if r.timing.get("clock_ok") is False]
+            if row.base_mhz and row.new_mhz and abs(row.new_mhz / row.base_mhz - 1) > CLOCK_TOLERANCE:
+                notes.append(f"clock {row.base_mhz:.0f} -> {row.new_mhz:.0f} MHz")
             if notes:
                 row.note = "; ".join(([row.note] if row.note else []) + notes)
         rows.append(row)
     only_base = [b for cid, b in bmap.items() if cid not in nmap]
     only_new = [n for cid, n in nmap.items() if cid not in bmap]
     vary = [k for k in varying_keys([bmap[r.case_id] for r in rows]) if k != "label"]
-    return CompareReport(rows, only_base, only_new, threshold, metric, vary)
+    rep = CompareReport(rows, only_base, only_new, threshold, metric, vary, higher_is_better=higher, cycles=cycles,
+                        noise_models={"BASE": noise_model(base), "NEW": noise_model(new)})
+    rep.notes += _clock_notes(rows, cycles)
+    return rep
+
+
+def _clock_notes(rows: list[CompareRow], cycles: bool) -> list[str]:
+    """Whether the two files ran at other SM clocks (the median over the matched records)."""
+    import statistics
+
+    cb = [r.base_mhz for r in rows if r.base_mhz]
+    cn = [r.new_mhz for r in rows if r.new_mhz]
+    if not cb or not cn:
+        return [] if not cycles else ["--cycles: " + ("BASE" if not cb else "NEW") + " records no SM clock"]
+    mb, mn = statistics.median(cb), statistics.median(cn)
+    if abs(mn / mb - 1) <= CLOCK_TOLERANCE:
+        return []
+    return [f"the SM clocks differ: BASE {mb:.0f} MHz, NEW {mn:.0f} MHz (median over the cases, {100 * (mn / mb - 1):+.1f}%, "
+            f"beyond ±{100 * CLOCK_TOLERANCE:g}%): "
+            + ("compared in cycles (µs x MHz)" if cycles else "µs mix the change with the clock's; --cycles compares "
+               "in clock cycles")]
 
 
 def _by_case(records: list[Record], name: str) -> dict[str, Record]:

@@ -39,10 +39,10 @@ class Drawn:
 def preset_for(records: list[Record], x: str | None, series: str | None) -> Preset:
     """The family's plot preset (its catalogue's `plot`, else its default pivot), with --x and
     --series applied."""
-    from moebench.families import catalogue
+    from moebench.analysis.pages import builtin_family
 
     fam = records[0].family
-    spec = catalogue().get(fam)
+    spec = builtin_family(fam)  # a reader never imports a plugin
     p = spec.plot if spec is not None else None
     if p is None:
         pv = getattr(spec, "default_pivot", None) or {}

@@ -191,43 +191,42 @@ def compare(
     fail_on_regression: bool = typer.Option(False, "--fail-on-regression",
                                             help="CI gate: exit 1 when a case is SLOWER or failed in NEW; exit 2 "
                                                  "when the files cannot support a verdict (no shared case, a case "
-                                                 "of BASE missing from NEW, a case without times or noise)."),
-    metric: str = typer.Option("median_us", "--metric", help="Timing column to compare."),
+                                                 "of BASE missing from NEW, a case without times or noise, an "
+                                                 "UNCLEAR case)."),
+    metric: str = typer.Option("median_us", "--metric", help="Column to compare: a time (*_us, lower is better), "
+                               "x_floor, or a throughput (gbps, speedup: higher is better)."),
+    allow_unclear: bool = typer.Option(False, "--allow-unclear", help="Let UNCLEAR cases through the gate."),
+    allow_settings: bool = typer.Option(False, "--allow-settings", help="Compare files timed under other timer "
+                                        "settings (L2, groups, placements, ...) or kill switches."),
+    allow_device: bool = typer.Option(False, "--allow-device", help="Compare files timed on other devices."),
+    cycles: bool = typer.Option(False, "--cycles", help="Compare in SM clock cycles (µs x each record's MHz)."),
 ):
     """Per case (matched by case_id): SAME / FASTER / SLOWER / UNCLEAR.
 
-    d = (new - base) / base on the median; noise n = sqrt(nb² + nn²) from each row's rel_noise (the
-    ~95% half-width of its median, IQR-based). FASTER/SLOWER when |d| >= threshold and |d| > n;
+    d = (new - base) / base on the median; noise n = sqrt(nb² + nn²) from each file's own noise
+    model: rel_noise (the ~95% half-width of its median) with the run-to-run term the record states
+    (rerun_rel), or, for an older file that states none, a 5% run-to-run floor in quadrature
+    (moebench.analysis.compare.LEGACY_RERUN_REL). FASTER/SLOWER when |d| >= threshold and |d| > n;
     SAME when |d| + n < threshold; UNCLEAR otherwise, or without a noise estimate.
 
-    rel_noise is the uncertainty within one run. Two runs of the same code differ by more: on an
-    H200, two back-to-back count-block sweeps differed by +9.9% at one cell (block 512, 4096
-    tokens) with ±0.14% noise. Gate CI with a threshold above the spread you see between runs,
-    and confirm a SLOWER with `moebench ab`."""
+    Files timed on other devices or under other timer settings stop with exit 2 unless
+    --allow-device / --allow-settings; the gate fails on UNCLEAR unless --allow-unclear. Confirm a
+    SLOWER with `moebench ab`."""
     from moebench.analysis import read_results
-    from moebench.analysis.compare import compare_records
+    from moebench.analysis.compare import check_comparable, compare_records
 
     if not (0 < threshold < 1000):
         raise UsageError(f"--threshold: expected a percentage > 0, got {threshold:g}")
     pb, rb = read_results(base)
     pn, rn = read_results(new)
-    rep = compare_records(rb, rn, threshold=threshold / 100, metric=metric)
-    db, dn = (pb.get("device") or {}).get("name"), (pn.get("device") or {}).get("name")
-    if db and dn and db != dn:
-        err.print(f"BASE ran on {db}, NEW on {dn}: a cross-device comparison", style="yellow")
+    notes = check_comparable(pb, pn, allow_settings=allow_settings, allow_device=allow_device)
+    rep = compare_records(rb, rn, threshold=threshold / 100, metric=metric, cycles=cycles)
     if pb.get("spec_sha256") and pn.get("spec_sha256") and pb["spec_sha256"] != pn["spec_sha256"]:
-        err.print("the two runs come from different spec files (sha256 differs); cases are matched by case_id",
-                  style="yellow")
+        notes.append("the two runs come from different spec files (sha256 differs); cases are matched by case_id")
+    for n in notes + rep.notes:
+        err.print(n, style="yellow", highlight=False, soft_wrap=True)
     vary = rep.vary
-    t = Table(title=f"{base.name} → {new.name}: {metric}", title_justify="left")
-    for c in ["case", "variant"] + vary + ["BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]:
-        t.add_column(c, justify="right" if c.endswith(("µs", "%")) else "left")
-    colour = {"SAME": "", "FASTER": "green", "SLOWER": "red", "UNCLEAR": "yellow"}
-    for r in rep.rows:
-        t.add_row(r.case_id, r.label, *[str(r.params.get(k)) for k in vary],
-                  num(r.base_us, ".3f"), num(r.new_us, ".3f"), f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
-                  f"{100 * r.noise:.2f}" if r.noise is not None else "—", Text(r.verdict, colour.get(r.verdict, "")),
-                  r.note)
+    t = _compare_table(rep, f"{base.name} → {new.name}: {metric}" + (" in cycles" if cycles else ""))
     if rep.rows:
         out.print(t)
     for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
@@ -235,13 +234,16 @@ def compare(
             out.print(f"Only in {name} ({len(recs)}): " + "; ".join(
                 f"{r.case_id} {r.label} {_params(r.params, vary)}" for r in recs[:20])
                 + (f"; ... {len(recs) - 20} more" if len(recs) > 20 else ""), highlight=False)
-    out.print(f"Rule: SLOWER/FASTER when |Δ| ≥ {threshold:g}% and |Δ| > noise; SAME when |Δ| + noise < "
-              f"{threshold:g}%; else UNCLEAR (moebench compare --help).", style="dim")
+    out.print(f"Noise model: BASE {rep.noise_models['BASE']}; NEW {rep.noise_models['NEW']}.", style="dim",
+              highlight=False)
+    out.print(f"Rule: SLOWER/FASTER when |Δ| ≥ {threshold:g}% and |Δ| > noise"
+              + (f" ({metric}: higher is better)" if rep.higher_is_better else "")
+              + f"; SAME when |Δ| + noise < {threshold:g}%; else UNCLEAR (moebench compare --help).", style="dim")
     out.print(rep.summary(), style="bold", highlight=False)
     if not rep.rows:
         raise UsageError(f"{base} and {new} share no case_id: nothing to compare")
     if fail_on_regression:
-        code, why = rep.gate()
+        code, why = rep.gate(allow_unclear=allow_unclear)
         if code == 2:
             raise UsageError(f"--fail-on-regression: {why}; the gate fails closed")
         if code:
@@ -279,10 +281,10 @@ def recommend(
     With --emit: the launch values a runtime reads, for the mix (--weights, default all shapes alike)."""
     from moebench.analysis import read_results
     from moebench.analysis.recommend import explain, recommend_keys, regret_table
-    from moebench.families import catalogue
+    from moebench.analysis.pages import builtin_family
 
     prov, records = read_results(results)
-    fam = catalogue().get(records[0].family)
+    fam = builtin_family(records[0].family)  # a reader never imports a plugin
     if emit is not None or check or output is not None or variant is not None:
         raise typer.Exit(_emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric))
     ov, cfg, grp = recommend_keys(records, fam, _csv(over), _csv(by))
@@ -342,16 +344,20 @@ def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
     """--check: each emitted switch's readers, run here without and with the emitted environment.
     The environment is a mapping handed to the run, never os.environ."""
     from moebench.analysis.recommend import check_cases, judge_check
-    from moebench.core.records import spec_of
+    from moebench.core.spec import builtin_sweeps, load_spec
 
     emitted = [d for d in decisions if d.emit]
     if not emitted:
         return [{"variable": d.switch.var, "value": d.value, "variant": "", "verdict": "nothing to check",
                  "text": "the default is kept: no emitted value to confirm"} for d in decisions]
     device = _check_device()
-    spec, where = spec_of(prov, None if str(results).startswith("ref:") else Path(results))
-    if spec is None:
-        raise UsageError(f"--check: cannot find the spec {results} was made from ({where})")
+    # a spec a results file names is never loaded (loading runs its plugins): moebench's own sweep of
+    # that name only
+    name = prov.get("sweep")
+    if not isinstance(name, str) or name not in builtin_sweeps():
+        raise UsageError(f"--check: {results} was not made from one of moebench's own sweeps "
+                         f"({', '.join(builtin_sweeps())}); its spec is not loaded from the results file")
+    spec = load_spec(name)
     variables = {sw.var for sw in (d.switch for d in decisions)}
     base_env = {k: v for k, v in os.environ.items() if k not in variables}
     out_rows: list[dict] = []
@@ -393,7 +399,9 @@ def run_cases(spec, cases, device, environ) -> list:
 @app.command(short_help="Block-size or occupancy curves as a PNG.")
 def plot(
     results: str = typer.Argument(..., help="A results .json file, or ref:NAME for a reference table."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG to write (default: RESULTS with .png)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG to write (default: out/FOLDER/NAME.png "
+                                          "for RESULTS FOLDER/NAME.json, never beside a committed results file)."),
+    force: bool = typer.Option(False, "--force", help="Replace the PNG if it exists."),
     reference: Optional[str] = typer.Option(None, "--reference", help="A published table to draw beside the "
                                             "measurement, dashed: " + ", ".join(reference_names()) + "."),
     x: Optional[str] = typer.Option(None, "--x", help="Parameter on the (log2) x axis (default by family: "
@@ -413,11 +421,13 @@ def plot(
     if output is None:
         if str(results).startswith("ref:"):
             raise UsageError("-o: name the PNG to write when plotting a reference alone")
-        output = Path(results).with_suffix(".png")
+        output = DEFAULT_OUT / Path(results).resolve().parent.name / Path(results).with_suffix(".png").name
     if output.suffix.lower() != ".png":
         raise UsageError(f"-o: expected a .png path, got {output}")
     if output.is_dir():
         raise UsageError(f"-o: {output} is a folder; name the .png file to write")
+    if (output.exists() or output.is_symlink()) and not force:
+        raise UsageError(f"-o: {output} exists; not replaced (pass --force to replace it, or another -o)")
     from moebench.core.records import writable_dir
 
     writable_dir(output.parent, "-o")
@@ -432,6 +442,27 @@ def plot(
 
 
 # ============================================================================ helpers
+
+
+def _compare_table(rep, title: str) -> Table:
+    """compare's per-case table: the compared values (µs, cycles with --cycles, or the metric), the
+    change, the combined noise, the verdict, and both in cycles where the records carry a clock."""
+    vary, cycles, metric = rep.vary, rep.cycles, rep.metric
+    unit = "cycles" if cycles else ("µs" if metric.endswith("_us") else metric)
+    show_cyc = not cycles and any(r.base_cycles is not None or r.new_cycles is not None for r in rep.rows)
+    t = Table(title=title, title_justify="left")
+    for c in (["case", "variant"] + vary + [f"BASE {unit}", f"NEW {unit}", "Δ %", "noise ±%", "verdict"]
+              + (["cycles BASE / NEW"] if show_cyc else []) + ["note"]):
+        t.add_column(c, justify="right" if c.endswith(("µs", "%", "cycles", "NEW", metric)) else "left")
+    colour = {"SAME": "", "FASTER": "green", "SLOWER": "red", "UNCLEAR": "yellow"}
+    fmt = ".0f" if cycles else ".3f"
+    for r in rep.rows:
+        cyc = [f"{num(r.base_cycles, '.0f')} / {num(r.new_cycles, '.0f')}"] if show_cyc else []
+        t.add_row(r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, fmt), num(r.new_us, fmt),
+                  f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
+                  f"{100 * r.noise:.2f}" if r.noise is not None else "—", Text(r.verdict, colour.get(r.verdict, "")),
+                  *cyc, r.note)
+    return t
 
 
 def _csv(text: str | None) -> list[str] | None:

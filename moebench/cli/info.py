@@ -98,14 +98,17 @@ def show(
     reference: Optional[str] = REFERENCE_OPT,
 ):
     """Print any results file as a PR-style pivot."""
-    from moebench.families import catalogue
+    from moebench.analysis.pages import builtin_family
     from moebench.core.records import load_results
     from moebench.core.report import frame, pivots
 
     prov, records = load_results(results)
     if not records:
         raise UsageError(f"{results}: no records")
-    fam = catalogue().get(records[0].family)
+    fam = builtin_family(records[0].family)  # a reader never imports a plugin
+    from moebench.analysis.compare import add_cycles
+
+    add_cycles(records)  # timing.cycles (median µs x the case's SM clock) where a clock is recorded
     pv = dict(fam.default_pivot) if fam else {}
     rows = rows or pv.get("rows", "label")
     cols = cols or pv.get("cols", "label")
@@ -144,8 +147,11 @@ def show(
 
 @app.command(short_help="Rewrite a results file's page with today's report code.")
 def render(results: Path = typer.Argument(..., help="A results .json file; its .md is written beside it.")):
-    """Re-render a results file's markdown page with this version's report code (no re-run)."""
-    from moebench.core.records import atomic_write_text, load_results, spec_of
+    """Re-render a results file's markdown page with this version's report code (no re-run), from
+    the results file alone: no spec file is read and no plugin imported. An A/B results file (from
+    `moebench ab`) is refused: its page is an A/B page, which `ab` writes."""
+    from moebench.analysis.pages import page_spec
+    from moebench.core.records import atomic_write_text, load_results, page_trailer
     from moebench.core.report import sweep_markdown
 
     dest = results.with_suffix(".md")
@@ -155,15 +161,15 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     prov, records = load_results(results)
     if not records or "sweep" not in prov:
         raise UsageError(f"{results}: no records or no provenance to render")
-    spec, where = spec_of(prov, results)
-    if spec is None:
-        raise UsageError(f"{results}: cannot find the spec it was made from ({where})")
-    if spec.sha256 != prov.get("spec_sha256"):
-        err.print(f"note: {where} changed since {results} was written; its description and pivot are today's",
-                  highlight=False, soft_wrap=True)
+    if "ab" in prov or any("ab_side" in r.timing for r in records):
+        raise UsageError(f"{results}: an A/B results file (moebench ab); render writes sweep pages and would replace "
+                         f"the A/B page {dest.name}: not rendered (run `moebench ab` again to remake it)")
+    spec = page_spec(prov, records)
+    for note in spec.notes:
+        err.print(f"note: {note}", highlight=False, soft_wrap=True)
     timed = any(r.timing.get("median_us") is not None for r in records)
     md = sweep_markdown(spec, records, prov, metric=None if timed or spec.family.host_only else "ref_check")
-    atomic_write_text(dest, md)
+    atomic_write_text(dest, md.rstrip("\n") + "\n" + page_trailer(prov, len(records)))
     out.print(f"Wrote {dest}")
 
 

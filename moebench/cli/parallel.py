@@ -17,15 +17,17 @@ from moebench.errors import ExitCode, UsageError
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
 
-def _destination(output: Optional[Path], files: list[Path]) -> tuple[Path, str]:
-    """-o OUT -> (directory, stem). OUT is a directory (the stem comes from the shard files, less
-    their .shardIofN), or a file path with or without .json/.csv/.md. Default: beside the first file."""
+def _destination(text: Optional[str], files: list[Path]) -> tuple[Path, str]:
+    """-o OUT -> (directory, stem). OUT is a directory (an existing one, or any path ending in /:
+    the stem comes from the shard files, less their .shardIofN), or a file path with or without
+    .json/.csv/.md. Default: beside the first file."""
     from moebench.parallel.shards import unshard_stem
 
     stem = unshard_stem(files[0].stem)
-    if output is None:
+    if text is None:
         return files[0].parent, stem
-    if output.is_dir() or str(output).endswith(("/", "\\")):
+    output = Path(text)  # before Path drops a trailing slash
+    if output.is_dir() or text.endswith(("/", "\\")):
         return output, stem
     if output.suffix in (".json", ".csv", ".md", ".parquet"):
         output = output.with_suffix("")
@@ -35,18 +37,19 @@ def _destination(output: Optional[Path], files: list[Path]) -> tuple[Path, str]:
 @app.command(short_help="Merge shard results into one results file.")
 def merge(
     files: list[Path] = typer.Argument(..., help="Shard results .json files (e.g. OUT/DEVICE/NAME.shard*of4.json)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--out", help="Where to write: a directory, or a path "
-                                          "without suffix (default: beside the first file, without .shardIofN)."),
+    output: Optional[str] = typer.Option(None, "-o", "--out", help="Where to write: a directory (one that exists, "
+                                         "or a path ending in /), or a path without suffix (default: beside the "
+                                         "first file, without .shardIofN)."),
     formats: str = typer.Option("csv,json,md", "--format", help="Comma list of csv,json,md,parquet."),
     force: bool = typer.Option(False, "--force", help="Replace results files that hold more records than the merge."),
 ):
-    """Merge shard results into one file. Shards must share the spec (sha256), the device class, the
-    matrix and the timing settings; a case in two files must have identical results. Exit 1 when a
+    """Merge shard results into one file, from the files alone (no spec file is read, no plugin
+    imported). Shards must share the spec (sha256), the device class, the matrix, the timing
+    settings, the kill-switch variables and the baseline launch; a case in two files must have identical results. Exit 1 when a
     case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
     from moebench.core.records import OutputLock, ResultsWriter, writable_dir
     from moebench.core.report import sweep_markdown, verdict_line
     from moebench.parallel.merge import merge_results
-    from moebench.families import catalogue
 
     fmts = parse_formats(formats)
     m = merge_results(files)
@@ -58,10 +61,9 @@ def merge(
             raise UsageError(f"-o: {dest / f'{stem}.{suffix}'} is one of the inputs; write the merge elsewhere")
     prov = m.provenance
     spec = m.spec
-    fam = spec.family if spec is not None else catalogue().get(m.records[0].family if m.records else "")
-    host_only = bool(fam and fam.host_only)
+    host_only = bool(spec.family.host_only)
     md = None
-    if spec is not None and "md" in fmts:
+    if "md" in fmts:
         timed = bool(prov.get("timed"))
         prov = {**prov, "complete": m.complete}
         md = sweep_markdown(spec, m.records, prov, metric=None if timed or host_only else "ref_check")

@@ -161,6 +161,13 @@ _PROVENANCE_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "ceilings": ((dict,), "an object"), "timing": ((dict,), "an object"), "settings": ((dict,), "an object"),
     "cross_checks": ((list,), "a list"), "shard": ((list, type(None)), "a list or null"),
     "complete": ((bool,), "true or false"), "quick": ((bool,), "true or false"),
+    "page": ((dict,), "an object"), "cases": ((dict, type(None)), "an object or null"),
+}
+# provenance.page: the type each key must have when present
+_PAGE_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "family": ((str,), "a string"), "description": ((str,), "a string"), "pivot": ((dict,), "an object"),
+    "baseline": ((dict, type(None)), "an object or null"), "moe_layers": ((int, type(None)), "an integer or null"),
+    "host_only": ((bool,), "true or false"),
 }
 
 
@@ -170,6 +177,16 @@ def check_provenance(prov: Any, key: str = "provenance") -> dict:
     for k, (types, name) in _PROVENANCE_TYPES.items():
         if k in prov and not isinstance(prov[k], types):
             raise Malformed(f"{key}.{k}", f"expected {name}, got {_kind(prov[k])}")
+    for k, (types, name) in _PAGE_TYPES.items():
+        v = prov.get("page", {}).get(k)
+        if k in prov.get("page", {}) and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
+            raise Malformed(f"{key}.page.{k}", f"expected {name}, got {_kind(v)}")
+    for k, v in prov.get("page", {}).get("pivot", {}).items():
+        if not isinstance(v, str):
+            raise Malformed(f"{key}.page.pivot.{k}", f"expected a string, got {_kind(v)}")
+    for k, v in (prov.get("cases") or {}).items():
+        if not isinstance(v, (str, type(None))):
+            raise Malformed(f"{key}.cases.{k}", f"expected the baseline's case id or null, got {_kind(v)}")
     return prov
 
 
@@ -265,18 +282,43 @@ def check_formats(text: str, option: str = "--format") -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------- provenance
 
 
-def git_commit(cwd: Path | None = None) -> str | None:
-    """HEAD (with -dirty for uncommitted changes); $MOEBENCH_GIT_COMMIT where the tree was copied
-    without its .git (a remote GPU machine)."""
-    if os.environ.get("MOEBENCH_GIT_COMMIT"):
-        return os.environ["MOEBENCH_GIT_COMMIT"]
+# Where the tree has no .git of its own (copied to a GPU machine), the commit it was copied from;
+# MOEBENCH_GIT_COMMIT is the older name, still read.
+COMMIT_ENV = ("MOEBENCH_COMMIT", "MOEBENCH_GIT_COMMIT")
+_PROJECT = Path(__file__).resolve().parents[2]  # the folder that holds the moebench package
+
+
+def _is_moebench_checkout(top: Path) -> bool:
+    """Whether a git work tree's top folder is moebench's own: it holds this very package and a
+    pyproject.toml naming the project moebench."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5)
+        if top.resolve() != _PROJECT:
+            return False
+        text = (top / "pyproject.toml").read_text()
+    except OSError:
+        return False
+    return any(line.replace(" ", "") == 'name="moebench"' for line in text.splitlines())
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    """moebench's own commit: $MOEBENCH_COMMIT when set, else HEAD (with -dirty for uncommitted
+    changes) of the git repository that holds this package, and only when that repository is
+    moebench's own (a copy of the tree without its .git that sits inside another repository would
+    otherwise name that repository's commit); else None (provenance then says "unknown")."""
+    for var in COMMIT_ENV:
+        if os.environ.get(var, "").strip():
+            return os.environ[var].strip()
+    where = _PROJECT
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True,
+                             timeout=5)
+        if top.returncode != 0 or not _is_moebench_checkout(Path(top.stdout.strip())):
+            return None
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5)
         if out.returncode != 0:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=cwd or Path(__file__).parent, capture_output=True, text=True, timeout=5)
+                               cwd=where, capture_output=True, text=True, timeout=5)
         return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -315,36 +357,30 @@ def provenance(spec, device, *, quick: bool, verify: bool, ceilings: dict, extra
         "command": " ".join(["moebench"] + sys.argv[1:]),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "moebench": __version__,
-        "git_commit": git_commit(),
+        "git_commit": git_commit() or "unknown",
         "device": device.to_dict(),
         "ceilings": ceilings,
         "timing": asdict(spec.timing),
+        # what a page needs of the spec, so that render and merge read the results file alone
+        "page": {"family": spec.family.name, "description": spec.description, "pivot": dict(spec.pivot),
+                 "baseline": spec.baseline, "moe_layers": (spec.model or {}).get("moe_layers"),
+                 "host_only": bool(spec.family.host_only)},
+        "cases": case_map(spec, quick=quick, verify=verify),
         **(extra or {}),
     }
 
 
-def spec_of(prov: dict, results: Path | None = None):
-    """The spec a results file was made from: its recorded path (relative to the checkout, the
-    working folder, or the results file's folder), else the sweep of that name. Returns (spec,
-    where it was found) or (None, why not)."""
-    from moebench.core.spec import PACKAGE_ROOT, load_spec
-    from moebench.errors import MoebenchError
+def case_map(spec, *, quick: bool, verify: bool) -> dict[str, str | None] | None:
+    """The whole matrix of a run (every shard's cases), in order: case id -> id of the baseline
+    launch at its shape (None without a baseline). Kept in provenance.cases so that `merge`
+    counts missing cases, orders records and reads each against its baseline without the spec."""
+    from moebench.core.cases import baseline_case, expand
 
-    recorded = prov.get("spec_path")
-    cands: list[str] = []
-    if isinstance(recorded, str) and recorded:
-        p = Path(recorded)
-        bases = [PACKAGE_ROOT, Path.cwd()] + ([results.parent] if results is not None else [])
-        cands += [str(p)] if p.is_absolute() else [str(b / p) for b in bases]
-    if isinstance(prov.get("sweep"), str):
-        cands.append(prov["sweep"])
-    tried = []
-    for c in cands:
-        try:
-            return load_spec(c), c
-        except (MoebenchError, OSError) as e:
-            tried.append(str(e))
-    return None, "; ".join(tried) or "no spec_path or sweep name in its provenance"
+    try:
+        cases = expand(spec, quick=quick, verify=verify, force=True)
+        return {c.id: baseline_case(spec, c).id if spec.baseline else None for c in cases}
+    except Exception:  # noqa: BLE001 - provenance stands without it; merge then says it cannot count
+        return None
 
 
 def result_stem(spec_name: str, *, quick: bool, verify: bool) -> str:
@@ -358,10 +394,11 @@ def run_settings(spec, device, *, timed: bool, cross: Iterable[str], environ: Ma
     """Everything besides the case itself that a record's numbers depend on. Changing any of it
     between runs makes `--resume` run the case again: the device (name, backend, SMs, L2),
     whether the run was timed, the timer settings (with --l2), the cross-checks, every kill-switch
-    variable the family's variants read (as set, or None), and the baseline launch every case is
-    checked against."""
+    variable the family's variants read (as set, or None), the baseline launch every case is
+    checked against, and the content hash of each plugin file that defines a variant or the family
+    (`code`; record_key takes only the case's own)."""
     switches = sorted({var for v in spec.family.variants.values() for var, _ in v.env.values()})
-    return {
+    out = {
         "device": {"name": device.name, "backend": device.backend, "sm_count": device.sm_count,
                    "l2_bytes": device.l2_bytes},
         "timed": bool(timed),
@@ -370,13 +407,46 @@ def run_settings(spec, device, *, timed: bool, cross: Iterable[str], environ: Ma
         "switches": {var: (environ.get(var) or "").strip() or None for var in switches},
         "baseline": spec.baseline,
     }
+    code = {"family": _source_sha(spec.family.origin),
+            "variants": {n: h for n, v in spec.family.variants.items() if (h := _source_sha(v.source))}}
+    if code["family"] or code["variants"]:
+        out["code"] = code
+    return out
+
+
+def _source_sha(source: str) -> str | None:
+    """sha256 of the plugin file behind a variant's or family's source ('plugin FILE', or 'plugin
+    MODULE (entry point NAME)'); None for built-in and upstream code."""
+    if not isinstance(source, str) or not source.startswith("plugin "):
+        return None
+    what = source[len("plugin "):]
+    path: str | None = what
+    if " (entry point " in what:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(what.split(" (entry point ")[0].split(":")[0])
+            path = found.origin if found is not None else None
+        except (ImportError, ValueError):
+            path = None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    except OSError:
+        return None
 
 
 def record_key(case, settings: dict) -> str:
     """The resume key of a case run under `settings`: 16 hex digits of a sha256 over the case
-    (family, variant, label, every parameter) and the settings, in canonical JSON."""
-    blob = json.dumps({"case": [case.family, case.variant, case.label, case.params], "settings": settings},
-                      sort_keys=True, default=str)
+    (family, variant, label, every parameter), the settings, and the content hash of the plugin
+    file behind the case's variant and family (editing a plugin re-runs its cases, and only
+    those), in canonical JSON."""
+    code = settings.get("code") or {}
+    mine = {"family": code.get("family"), "variant": (code.get("variants") or {}).get(case.variant)}
+    doc = {"case": [case.family, case.variant, case.label, case.params],
+           "settings": {k: v for k, v in settings.items() if k != "code"}}
+    if any(mine.values()):
+        doc["code"] = mine
+    blob = json.dumps(doc, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -513,9 +583,39 @@ class OutputLock:
 # ----------------------------------------------------------------------------------- the writer
 
 
+PAGE_MARK = "<!-- moebench page:"
+
+
+def page_trailer(prov: dict, n_records: int) -> str:
+    """The last line of a results page: how many records it shows and which spec made it, so a
+    later run can tell (without a JSON twin) whether writing its page would replace a bigger one or
+    another spec's."""
+    doc = {"records": n_records, "spec_path": prov.get("spec_path"), "spec_sha256": prov.get("spec_sha256")}
+    return f"\n{PAGE_MARK} {json.dumps(doc)} -->\n"
+
+
+def _page_info(path: Path) -> dict:
+    """What a page's trailer says ({} for a page without one: an older moebench's, or a hand-made one)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    at = tail.rfind(PAGE_MARK)
+    if at < 0:
+        return {}
+    try:
+        doc = json.loads(tail[at + len(PAGE_MARK):].split("-->", 1)[0])
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int, Path | None]:
     """The most records any of STEM's result files in the given formats holds now, and that file
-    (0, None when there is none); the markdown page is read from its JSON twin."""
+    (0, None when there is none). A markdown page counts what its JSON twin holds (whether or not
+    json is among the formats), else what its trailer says."""
     best, where = 0, None
     for f in formats:
         p = dest / f"{stem}.{f}"
@@ -523,9 +623,12 @@ def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int
             continue
         n = 0
         try:
-            if f == "json":
-                _, recs = load_results(p)
+            if f == "json" or (f == "md" and (dest / f"{stem}.json").is_file()):
+                _, recs = load_results(dest / f"{stem}.json")
                 n = len(recs)
+            elif f == "md":
+                v = _page_info(p).get("records")
+                n = v if isinstance(v, int) and not isinstance(v, bool) else 0
             elif f == "csv":
                 with open(p, newline="") as fh:
                     n = max(0, sum(1 for _ in csv.reader(fh)) - 1)
@@ -538,6 +641,28 @@ def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int
         if n > best:
             best, where = n, p
     return best, where
+
+
+def other_spec(dest: Path, stem: str, prov: dict, formats: Iterable[str]) -> str | None:
+    """Why STEM's results in DEST were made by another spec of the same name (a spec file at
+    another path with other content), else None. A spec edited in place, or the same content
+    elsewhere, is the same spec."""
+    for f in ("json", *formats):
+        p = dest / f"{stem}.{f}"
+        if not p.is_file() or f in ("csv", "parquet"):
+            continue
+        try:
+            old = load_results(p)[0] if f == "json" else _page_info(p)
+        except UsageError:
+            continue
+        path, sha = old.get("spec_path"), old.get("spec_sha256")
+        if not (isinstance(path, str) and isinstance(sha, str)):
+            continue
+        if path != prov.get("spec_path") and sha != prov.get("spec_sha256"):
+            return (f"{p} holds the results of another spec named {prov.get('sweep')!r} ({path}, sha256 {sha[:12]}); "
+                    f"this run's is {prov.get('spec_path')} (sha256 {str(prov.get('spec_sha256'))[:12]}): not "
+                    "replaced (pass --force to replace them, or another --out)")
+    return None
 
 
 @dataclass
@@ -567,6 +692,9 @@ class ResultsWriter:
         self._stream = None
         self._synced = 0.0  # monotonic time of the stream's last fsync
         self._wrote = False
+        why = None if force else other_spec(out_dir, stem, prov, self.formats)
+        if why:
+            raise UsageError(why)
 
     def _open(self):
         if self._stream is None:
@@ -637,7 +765,7 @@ class ResultsWriter:
                 paths.append(p)
         if "md" in self.formats and markdown is not None:
             p = self.out_dir / f"{self.stem}.md"
-            atomic_write_text(p, markdown)
+            atomic_write_text(p, markdown.rstrip("\n") + "\n" + page_trailer(prov, len(records)))
             paths.append(p)
         stream = self.partial if self.partial.exists() else None
         if complete and self._wrote and stream is not None:  # merge never wrote it: a stream it leaves alone

@@ -1,5 +1,6 @@
 """``moebench merge``: shard results (from --shard or a Slurm array) back into one results file.
-Torch-free: it reads records and the spec, never a kernel."""
+Torch-free: it reads the files alone, never a spec file they name (loading one runs its plugins) nor a
+kernel."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class Merged:
     missing_shards: list[int] = field(default_factory=list)
     missing_cases: int | None = None  # None: the spec was not available to count them
     incomplete_files: list[Path] = field(default_factory=list)
-    spec: Any = None  # the Spec, when its file is there with the same hash
+    spec: Any = None  # the PageSpec read from the files (moebench.analysis.pages.page_spec)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -42,6 +43,10 @@ _MUST_AGREE = (
     ("matrix", lambda p: f"{p.get('matrix', 'sweep')}{' (quick)' if p.get('quick') else ''}", str),
     ("timing settings", lambda p: p.get("timing"), repr),
     ("cross checks", lambda p: sorted(p.get("cross_checks") or []), repr),
+    # the kill-switch variables each shard ran under (a shard with MCORE_COUNT_TOKENS_BLOCK=64 beside
+    # one with 1024 is two different runs), and the baseline launch every case was checked against
+    ("kill-switch settings", lambda p: (p.get("settings") or {}).get("switches"), repr),
+    ("baseline launch", lambda p: (p.get("settings") or {}).get("baseline"), repr),
 )
 
 
@@ -102,29 +107,25 @@ def merge_results(paths: Sequence[Path]) -> Merged:
         m.notes.append(f"the files come from splits into {', '.join(map(str, sorted(counts)))} shards; "
                        "coverage is checked by case id only")
 
-    # the spec, when its file is still there unchanged: case order, missing cases, baseline deltas, markdown
-    m.spec = _spec_of(prov0, p0)
-    order: dict[str, int] = {}
-    if m.spec is not None:
-        from moebench.core.cases import expand
+    # the whole matrix, from the files themselves (provenance.cases): a reader never opens the spec
+    # file a results file names (loading a spec runs its plugins)
+    from moebench.analysis.pages import page_spec
 
-        try:
-            expected = expand(m.spec, quick=bool(prov0.get("quick")), verify=prov0.get("matrix") == "verify",
-                              force=True)
-            order = {c.id: i for i, c in enumerate(expected)}
-            m.missing_cases = sum(1 for cid in order if cid not in records)
-        except Exception as e:  # noqa: BLE001 - the merge stands without the spec's case list
-            m.notes.append(f"could not expand {prov0.get('spec_path')}: {e}")
+    m.spec = page_spec(prov0, [r for _, _, recs in loaded for r in recs])
+    cmap = _case_map(loaded)
+    order: dict[str, int] = {}
+    if cmap is not None:
+        order = {cid: i for i, cid in enumerate(cmap)}
+        m.missing_cases = sum(1 for cid in order if cid not in records)
     else:
-        m.notes.append(f"spec {prov0.get('spec_path')} is not here with sha256 {str(prov0['spec_sha256'])[:12]}: "
-                       "kept the files' record order; no markdown, no recomputed baseline deltas")
+        m.notes.append("the files do not list the spec's cases (provenance.cases; written by an older moebench): "
+                       "kept the files' record order, coverage checked by shard numbers only; no recomputed "
+                       "baseline deltas")
     first_seen = {cid: i for i, cid in enumerate(records)}
     m.records = sorted(records.values(),
                        key=lambda r: (order.get(r.case_id, len(order)), first_seen[r.case_id]))
-    if m.spec is not None:
-        from moebench.core.report import add_baseline_deltas
-
-        add_baseline_deltas(m.spec, m.records)  # a shape's baseline may have run in another shard
+    if cmap is not None:
+        _baseline_deltas(m.records, cmap, m.spec)  # a shape's baseline may have run in another shard
 
     commits = sorted({str(prov.get("git_commit")) for _, prov, _ in loaded})
     if len(commits) > 1:
@@ -134,12 +135,33 @@ def merge_results(paths: Sequence[Path]) -> Merged:
     return m
 
 
-def _spec_of(prov: dict, results: Path):
-    """The spec a results file was made from, if its file is here with the same hash; else None."""
-    from moebench.core.records import spec_of
+def _case_map(loaded: list) -> dict | None:
+    """provenance.cases of the shards (case id -> baseline case id, the whole matrix in order), when
+    every file carries it and they agree; else None."""
+    maps = [prov.get("cases") for _, prov, _ in loaded]
+    if any(not isinstance(c, dict) for c in maps) or any(c != maps[0] for c in maps[1:]):
+        return None
+    return maps[0]
 
-    spec, _ = spec_of(prov, results)
-    return spec if spec is not None and spec.sha256 == prov.get("spec_sha256") else None
+
+def _baseline_deltas(records: list, baseline_of: dict, spec) -> None:
+    """Read every timed record against the baseline launch of its shape (found by the baseline case
+    id the files list), as a sweep does: speedup, Δµs and the per-step projection."""
+    from moebench.analysis.ab import launch_layers
+
+    by_id = {r.case_id: r for r in records}
+    layers = spec.model.get("moe_layers")
+    for r in records:
+        b = by_id.get(baseline_of.get(r.case_id) or "")
+        m = r.timing.get("median_us")
+        base = b.timing.get("median_us") if b is not None and b.status == "ok" else None
+        if m is None or base is None:
+            continue
+        r.work["baseline_us"] = base
+        r.work["speedup"] = round(base / m, 3) if m > 0 else None
+        r.work["delta_us"] = round(m - base, 4)
+        if layers:
+            r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(spec.family, r.params), 2)
 
 
 def _merged_provenance(loaded: list, commits: list[str]) -> dict:

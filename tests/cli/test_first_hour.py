@@ -137,7 +137,8 @@ def test_piped_compare_shows_every_verdict_and_number_whole(tmp_path):
     def write(path, scale):
         recs = [Record("s", "count", f"case{i:02d}", "persistent", f"a-long-variant-label-{i}", "ok",
                        params={"tokens": 2**i, "block_size": 1024},
-                       timing={"median_us": 1234.5678 * (scale if i % 2 else 1), "rel_noise": 0.001})
+                       timing={"median_us": 1234.5678 * (scale if i % 2 else 1), "rel_noise": 0.001,
+                               "rerun_rel": 0.001})
                 for i in range(6)]
         path.write_text(json.dumps({"provenance": {"sweep": "s"}, "records": [r.to_json() for r in recs]}))
         return path

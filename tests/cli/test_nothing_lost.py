@@ -191,7 +191,8 @@ def test_render_never_overwrites_its_input(tmp_path, capsys):
 def _timed(path: Path, medians: dict[str, float | None], noise: float | None = 0.002) -> Path:
     recs = []
     for cid, us in medians.items():
-        timing = {} if us is None else {"median_us": us, **({"rel_noise": noise} if noise is not None else {})}
+        timing = {} if us is None else {"median_us": us, **({"rel_noise": noise, "rerun_rel": noise}
+                                                            if noise is not None else {})}
         recs.append(Record("s", "count", cid, "persistent", "persistent", "ok", params={"tokens": 1}, timing=timing))
     path.write_text(json.dumps({"provenance": {"sweep": "s"}, "records": [r.to_json() for r in recs]}))
     return path

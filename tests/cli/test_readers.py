@@ -41,9 +41,9 @@ def _timed_results(dest: Path, stem: str, scale: float = 1.0, shard=None, cases=
     return dest / f"{stem}.json"
 
 
-def _blocked(*args, cwd=ROOT):
+def _blocked(*args, cwd=ROOT, env=None):
     r = subprocess.run([sys.executable, "-c", BLOCKED, *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})})
     return r.returncode, r.stdout, r.stderr
 
 
@@ -89,3 +89,161 @@ def test_render_runs_without_torch(files, tmp_path):
     code, out, err = _blocked("render", p)
     assert code == 0, err
     assert (tmp_path / "count-block.md").read_text().startswith("# count-block")
+
+
+# ============================================================================ a results file is data
+
+
+def _bundle(d: Path, spec_path: str) -> tuple[Path, Path]:
+    """An attacker's results bundle: t.json whose provenance names SPEC_PATH; beside it evil.yaml,
+    a spec whose `plugins:` runs p.py, which writes a marker file."""
+    d.mkdir(parents=True, exist_ok=True)
+    marker = d / "p-ran"
+    (d / "p.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (d / "evil.yaml").write_text("name: evil\nfamily: count\nplugins: [p.py]\nvariants: [persistent]\n"
+                                 "axes: {tokens: [1]}\n")
+    src = json.loads(_timed_results(d / "src", "count-block").read_text())
+    src["provenance"].update(spec_path=spec_path, sweep="evil")
+    t = d / "t.json"
+    t.write_text(json.dumps(src))
+    shard = json.loads(t.read_text())
+    shard["provenance"]["shard"] = [0, 1]
+    (d / "t.shard0of1.json").write_text(json.dumps(shard))
+    return t, marker
+
+
+@pytest.mark.parametrize("cmd", [
+    lambda t: ["render", t],
+    lambda t: ["merge", t.parent / "t.shard0of1.json", "-o", t.parent / "m/"],
+    lambda t: ["show", t],
+    lambda t: ["compare", t, t],
+    lambda t: ["recommend", t, "--over", "tokens"],
+    lambda t: ["plot", t, "-o", t.parent / "t.png"],
+], ids=["render", "merge", "show", "compare", "recommend", "plot"])
+def test_readers_run_no_code_a_results_file_names(tmp_path, cmd):
+    t, marker = _bundle(tmp_path / "bundle", "evil.yaml")
+    code, out, err = _blocked(*cmd(t), cwd=tmp_path / "bundle")
+    assert code == 0, err
+    assert not marker.exists(), "a reader ran the plugin of the spec a results file names"
+
+
+def test_render_reads_the_results_file_alone(tmp_path):
+    t, marker = _bundle(tmp_path / "bundle", "/etc/passwd")
+    code, out, err = _blocked("render", t, cwd=tmp_path)
+    assert code == 0, err
+    page = t.with_suffix(".md").read_text()
+    assert "root:" not in out + err + page and not marker.exists()
+    assert page.startswith("# evil") and "## median_us" in page
+
+
+def test_render_keeps_the_description_and_pivot_from_the_results_file(tmp_path):
+    p = _timed_results(tmp_path, "count-block")
+    code, out, err = _blocked("render", p, cwd=tmp_path)
+    assert code == 0, err
+    page = p.with_suffix(".md").read_text()
+    spec = load_spec("count-block")
+    assert spec.description.strip().splitlines()[0] in page
+    assert f"{spec.pivot['rows']} \\ {spec.pivot['cols']}" in page
+
+
+def test_render_refuses_an_ab_file(tmp_path):
+    src = ROOT / "results" / "h200" / "count-block-ab.json"
+    p = tmp_path / "count-block-ab.json"
+    p.write_text(src.read_text())
+    page = tmp_path / "count-block-ab.md"
+    page.write_text("# the A/B page\n")
+    code, _, err = _blocked("render", p, cwd=tmp_path)
+    assert code == 2 and "A/B results file" in err and len(err.strip().splitlines()) == 1
+    assert page.read_text() == "# the A/B page\n"
+
+
+@pytest.mark.parametrize("cmd", [
+    lambda t: ["show", t],
+    lambda t: ["recommend", t, "--over", "tokens"],
+    lambda t: ["plot", t, "-o", t.parent / "t.png"],
+], ids=["show", "recommend", "plot"])
+def test_readers_do_not_load_installed_plugins(tmp_path, cmd):
+    t, marker = _bundle(tmp_path / "bundle", "evil.yaml")
+    code, _, err = _blocked(*cmd(t), cwd=tmp_path, env={"MOEBENCH_PLUGINS": str(tmp_path / "bundle" / "p.py")})
+    assert code == 0, err
+    assert not marker.exists(), "a reader imported a plugin"
+
+
+def _shards(d: Path, edit1=lambda prov: None) -> tuple[Path, Path]:
+    from moebench.parallel.shards import partition
+
+    halves = partition(expand(load_spec("count-block")), 2)
+    paths = []
+    for i in range(2):
+        p = _timed_results(d, f"count-block.shard{i}of2", shard=(i, 2), cases=halves[i])
+        doc = json.loads(p.read_text())
+        doc["provenance"]["settings"] = {"switches": {"MCORE_COUNT_TOKENS_BLOCK": "64"}, "baseline": None}
+        if i == 1:
+            edit1(doc["provenance"])
+        p.write_text(json.dumps(doc))
+        paths.append(p)
+    return paths[0], paths[1]
+
+
+def test_merge_refuses_shards_of_other_kill_switch_settings(tmp_path):
+    s0, s1 = _shards(tmp_path, lambda prov: prov["settings"]["switches"].update(MCORE_COUNT_TOKENS_BLOCK="1024"))
+    code, out, err = _blocked("merge", s0, s1, "-o", tmp_path / "m")
+    assert code == 2 and "kill-switch settings differ" in err and len(err.strip().splitlines()) == 1
+    assert "'64'" in err and "'1024'" in err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_merge_into_a_new_folder(tmp_path):
+    s0, s1 = _shards(tmp_path)
+    code, out, err = _blocked("merge", s0, s1, "-o", f"{tmp_path / 'newdir'}/", cwd=tmp_path)
+    assert code == 0, err
+    assert (tmp_path / "newdir" / "count-block.json").is_file() and not (tmp_path / "newdir.json").exists()
+    doc = json.loads((tmp_path / "newdir" / "count-block.json").read_text())
+    assert [r["case_id"] for r in doc["records"]] == [c.id for c in expand(load_spec("count-block"))]
+    assert "complete" in out and "INCOMPLETE" not in out
+
+
+def test_render_of_an_older_file_takes_the_page_from_moebenchs_own_sweep(tmp_path):
+    """A committed file from before provenance.page: its description and pivot come from the built-in
+    sweeps/NAME.yaml, read as data."""
+    p = tmp_path / "count-block.json"
+    p.write_text((ROOT / "results" / "h200" / "count-block.json").read_text())
+    assert "page" not in json.loads(p.read_text())["provenance"]
+    code, out, err = _blocked("render", p, cwd=tmp_path)
+    assert code == 0, err
+    page = p.with_suffix(".md").read_text()
+    assert load_spec("count-block").description.strip().splitlines()[0] in page
+    assert "older moebench" in err and "sweeps/count-block.yaml" in err
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda p: p["page"].update(pivot={"rows": 3}), "provenance.page.pivot.rows"),
+    (lambda p: p["page"].update(description=["x"]), "provenance.page.description"),
+    (lambda p: p.update(cases={"a": 1}), "provenance.cases.a"),
+], ids=["pivot", "description", "cases"])
+def test_render_names_a_bad_page_key(tmp_path, edit, key):
+    doc = json.loads(_timed_results(tmp_path / "src", "count-block").read_text())
+    edit(doc["provenance"])
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    code, _, err = _blocked("render", p, cwd=tmp_path)
+    assert code == 2 and key in err and len(err.strip().splitlines()) == 1
+
+
+def test_merge_reads_each_case_against_a_baseline_of_another_shard(tmp_path):
+    s0, s1 = _shards(tmp_path)
+    docs = [json.loads(p.read_text()) for p in (s0, s1)]
+    base_ids = set(docs[0]["provenance"]["cases"].values())
+    # every baseline launch in shard 0, every other case in shard 1
+    recs = [r for d in docs for r in d["records"]]
+    docs[0]["records"] = [r for r in recs if r["case_id"] in base_ids]
+    docs[1]["records"] = [r for r in recs if r["case_id"] not in base_ids]
+    for p, d in zip((s0, s1), docs):
+        p.write_text(json.dumps(d))
+    code, out, err = _blocked("merge", s0, s1, "-o", tmp_path / "m")
+    assert code == 0, err
+    merged = json.loads((tmp_path / "m.json").read_text())["records"]
+    by = {r["case_id"]: r for r in merged}
+    bmap = docs[0]["provenance"]["cases"]
+    other = [r for r in merged if r["case_id"] not in base_ids]
+    assert other and all(r["work"]["baseline_us"] == by[bmap[r["case_id"]]]["timing"]["median_us"] for r in other)

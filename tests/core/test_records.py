@@ -163,3 +163,56 @@ def test_a_stream_reads_as_results(tmp_path):
     assert p["complete"] is False and p["sweep"] == "count-block" and p["settings"] == settings
     assert [(r.case_id, r.status) for r in recs] == [(cases[0].id, "ok"), (cases[1].id, "ok")]  # latest per case
     assert json.loads(stream_path(tmp_path, "s").read_text().splitlines()[0])["run"]["settings"] == settings
+
+
+# ============================================================================ whose commit
+
+
+def _commit_in(root, env_extra=None):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("MOEBENCH_COMMIT", "MOEBENCH_GIT_COMMIT")}
+    env.update(PYTHONPATH=str(root), **(env_extra or {}))
+    r = subprocess.run([sys.executable, "-c", "from moebench.core.records import git_commit; print(git_commit())"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_provenance_names_only_moebenchs_own_commit(tmp_path):
+    """A copy of the tree without .git, inside another git repository: that repository's commit is
+    not moebench's."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2]
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(git + ["init", "-q"], cwd=outer, check=True)
+    (outer / "other.txt").write_text("not moebench\n")
+    subprocess.run(git + ["add", "."], cwd=outer, check=True)
+    subprocess.run(git + ["commit", "-qm", "other"], cwd=outer, check=True)
+    theirs = subprocess.run(["git", "rev-parse", "HEAD"], cwd=outer, capture_output=True, text=True).stdout.strip()
+    copy = outer / "vendor" / "moebench-copy"
+    shutil.copytree(src / "moebench", copy / "moebench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(src / "pyproject.toml", copy / "pyproject.toml")
+    got = _commit_in(copy)
+    assert theirs[:12] not in got and got == "None"
+    assert _commit_in(copy, {"MOEBENCH_COMMIT": "abc123"}) == "abc123"
+    assert _commit_in(copy, {"MOEBENCH_GIT_COMMIT": "def456"}) == "def456"
+
+
+def test_provenance_names_the_checkouts_commit():
+    import subprocess
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True)
+    if head.returncode != 0:
+        import pytest
+
+        pytest.skip("this tree has no .git")
+    assert _commit_in(src).startswith(head.stdout.strip())

@@ -52,9 +52,7 @@ def pytest_runtest_logreport(report):
 
 
 def _commit() -> str:
-    if os.environ.get("MOEBENCH_GIT_COMMIT"):
-        return os.environ["MOEBENCH_GIT_COMMIT"]
-    from moebench.core.records import git_commit
+    from moebench.core.records import git_commit  # $MOEBENCH_COMMIT, else moebench's own HEAD only
 
     return git_commit(ROOT) or "unknown"
 
