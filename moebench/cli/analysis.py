@@ -344,7 +344,7 @@ def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
     """--check: each emitted switch's readers, run here without and with the emitted environment.
     The environment is a mapping handed to the run, never os.environ."""
     from moebench.analysis.recommend import check_cases, judge_check
-    from moebench.core.spec import builtin_sweeps, load_spec
+    from moebench.core.spec import PACKAGE_ROOT, load_spec
 
     emitted = [d for d in decisions if d.emit]
     if not emitted:
@@ -354,10 +354,11 @@ def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
     # a spec a results file names is never loaded (loading runs its plugins): moebench's own sweep of
     # that name only
     name = prov.get("sweep")
-    if not isinstance(name, str) or name not in builtin_sweeps():
-        raise UsageError(f"--check: {results} was not made from one of moebench's own sweeps "
-                         f"({', '.join(builtin_sweeps())}); its spec is not loaded from the results file")
-    spec = load_spec(name)
+    own = sorted(q.stem for q in (PACKAGE_ROOT / "sweeps").glob("*.yaml"))
+    if not isinstance(name, str) or name not in own:
+        raise UsageError(f"--check: {results} was not made from one of moebench's own sweeps ({', '.join(own)}); "
+                         "a spec named by a results file is never loaded")
+    spec = load_spec(str(PACKAGE_ROOT / "sweeps" / f"{name}.yaml"))
     variables = {sw.var for sw in (d.switch for d in decisions)}
     base_env = {k: v for k, v in os.environ.items() if k not in variables}
     out_rows: list[dict] = []
