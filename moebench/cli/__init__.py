@@ -15,6 +15,11 @@ interrupted (130 Ctrl-C, 143 SIGTERM; its completed records are saved).
 
 from __future__ import annotations
 
+from moebench import startup
+
+if startup.is_the_command():  # the console script: SIGTERM/Ctrl-C exit 143/130 during the imports below too
+    startup.exit_on_signals()
+
 import os
 import sys
 
@@ -81,6 +86,13 @@ def main() -> None:
     install_interrupts()
     try:
         _main()
+    except SystemExit as e:
+        signum = STATE.get("signalled")
+        if signum and not (isinstance(e.code, int) and e.code >= ExitCode.INTERRUPTED):
+            # a signal something swallowed, or whose exception surfaced as another error: still an interrupt
+            err.print("interrupted", markup=False)
+            raise SystemExit(ExitCode.INTERRUPTED + signum) from None
+        raise
     finally:
         if STATE.get("signalled"):
             # exiting after a signal: a later one must not interrupt the shutdown. Python resets its
@@ -113,9 +125,9 @@ def _main() -> None:
         if hasattr(e, "show") and hasattr(e, "exit_code"):  # a click UsageError / BadParameter
             e.show()
             sys.exit(e.exit_code)
-        if type(e).__name__ == "Abort":
-            err.print("aborted", markup=False)
-            sys.exit(ExitCode.INTERRUPTED + 2)
+        if type(e).__name__ == "Abort" or STATE.get("signalled"):  # click turns an interrupt into Abort
+            err.print("interrupted", markup=False)
+            sys.exit(ExitCode.INTERRUPTED + (STATE.get("signalled") or 2))
         if STATE["verbose"]:
             raise
         err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", markup=False,

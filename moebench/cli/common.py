@@ -22,7 +22,9 @@ from moebench.errors import BackendError, UsageError
 
 out = Console(markup=False, emoji=False)
 err = Console(stderr=True, markup=False, emoji=False)
-STATE = {"verbose": False}
+# verbose: -v; signalled: the first signal of this command; in_run: inside a run's event loop;
+# pending: a signal that landed in an import during a run, raised at the run's next event
+STATE: dict = {"verbose": False, "signalled": None, "in_run": False}
 
 # Where runs write unless --out says otherwise: a folder git ignores, so a bare run leaves a clean
 # checkout and never touches the committed results/ (reference data, written only when named).
@@ -100,13 +102,46 @@ def second_interrupt(signum, _frame) -> None:
     os._exit(128 + signum)
 
 
-def first_interrupt(signum, _frame) -> None:
-    STATE["signalled"] = True
+def _importing(frame) -> bool:
+    """Whether `frame` (where a signal landed) is inside an import statement's work."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def first_interrupt(signum, frame) -> None:
+    """The first Ctrl-C or SIGTERM: raised as KeyboardInterrupt where it lands (a run stops between
+    cases and keeps what it finished), except in the middle of an import, where unwinding would
+    leave a module half imported (later code then fails on it) or meet a library's bare `except`
+    that swallows it. There it waits: in a run (`sigterm_as_interrupt`), until the run's next event
+    (`raise_pending`); elsewhere nothing is written yet, so the command leaves at once."""
+    STATE["signalled"] = signum
     signal.signal(signal.SIGINT, second_interrupt)
     signal.signal(signal.SIGTERM, second_interrupt)
+    if _importing(frame):
+        if STATE.get("in_run"):
+            STATE["pending"] = signum
+            return
+        from moebench.startup import exit_now
+
+        exit_now(signum)
+    _raise(signum)
+
+
+def _raise(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Signalled(signum)
+
+
+def raise_pending() -> None:
+    """Raise an interrupt that arrived while it could not be raised (or that something swallowed):
+    a run calls this at each event, so no signal is lost."""
+    signum = STATE.pop("pending", None) or STATE.get("signalled")
+    if signum:
+        _raise(signum)
 
 
 def install_interrupts() -> None:
@@ -115,6 +150,7 @@ def install_interrupts() -> None:
     import threading
 
     if threading.current_thread() is threading.main_thread():
+        STATE["signalled"] = None
         signal.signal(signal.SIGINT, first_interrupt)
         signal.signal(signal.SIGTERM, first_interrupt)
 
@@ -124,10 +160,14 @@ def sigterm_as_interrupt() -> Iterator[None]:
     """The interrupt handlers for the span of a run (main() installs them for the whole command;
     this keeps a caller that runs a sweep outside main() covered too)."""
     old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    install_interrupts()
+    was = STATE.get("in_run")
+    if signal.getsignal(signal.SIGINT) is not second_interrupt:
+        install_interrupts()
+    STATE["in_run"] = True
     try:
         yield
     finally:
+        STATE["in_run"] = was
         if signal.getsignal(signal.SIGINT) is first_interrupt:  # after a first interrupt the second stays armed
             signal.signal(signal.SIGINT, old[0])
             signal.signal(signal.SIGTERM, old[1])

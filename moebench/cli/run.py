@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_cross,
-                                 parse_formats, print_failures, print_pivots, select_backend, sigterm_as_interrupt,
-                                 use_sources)
+                                 parse_formats, print_failures, print_pivots, raise_pending, select_backend,
+                                 sigterm_as_interrupt, use_sources)
 from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
 
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
@@ -174,6 +174,8 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                         bar.describe(f"{spec.name}: {ev.what}")
                     elif isinstance(ev, Summary):
                         summary = ev
+                    if isinstance(ev, (Started, Finished)):
+                        raise_pending()  # a signal that landed in an import, or that something swallowed
             except KeyboardInterrupt as e:  # landed here, between events: the session still sums up
                 summary = events.throw(e)
             except OutputError as e:  # the disk filled up (or the folder went away) under the run

@@ -1,0 +1,81 @@
+"""Signals at any moment of `moebench` (issue 24 item 5): SIGTERM exits 143 and Ctrl-C 130, from
+the first line of moebench's own code to the end of the run; never swallowed (the run does not go
+on to finish), never a traceback, never an exit 3 from a module an interrupt left half imported."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# 40 cases: under the interpreter the run lasts well past the last delay, so an exit 0 is a signal lost
+LONG = """
+name: long
+family: count
+model: qwen3-30b-a3b
+variants: [persistent]
+baseline: {variant: persistent, block_size: 1024}
+axes:
+  seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+  block_size: [32, 64, 128, 256]
+fixed: {buffer_tokens: 256, tokens: 200}
+"""
+
+# Where the signal lands: the start-up imports (typer, rich, pandas), the command's own imports
+# (torch, triton, numpy), the spec, the first cases, the run.
+DELAYS = (0.04, 0.08, 0.15, 0.25, 0.4, 0.6, 0.9, 1.3)
+
+
+def _signal_at(argv, delay: float, sig: int, cwd: Path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    env.pop("MOEBENCH_FAST_EXIT", None)
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    return p.returncode, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_at_any_moment_exits_128_plus_signal(tmp_path, sig):
+    spec = tmp_path / "long.yaml"
+    spec.write_text(LONG)
+    argv = [sys.executable, "-m", "moebench", "sweep", str(spec), "--out", str(tmp_path / "r")]
+    seen = []
+    for d in DELAYS:
+        code, err = _signal_at(argv, d, sig, ROOT)
+        seen.append((d, code))
+        if code == -sig and d < 0.1:
+            continue  # it landed in the interpreter's own start, before moebench's first line ran
+        assert code == 128 + sig, (d, code, err[-2000:])
+        assert "Traceback" not in err and "internal error" not in err, (d, err[-2000:])
+        assert "interrupted" in err or "INCOMPLETE" in err, (d, err[-2000:])
+    assert sum(code == 128 + sig for _, code in seen) >= len(DELAYS) - 2, seen
+
+
+def test_the_console_script_exits_143_during_its_imports(tmp_path):
+    """The `moebench` script pip writes (`from moebench.cli import entry`): a SIGTERM in the middle of
+    importing the command line is exit 143 too."""
+    script = tmp_path / "moebench"
+    script.write_text("import re\nimport sys\nfrom moebench.cli import entry\nif __name__ == '__main__':\n"
+                      "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n    sys.exit(entry())\n")
+    codes = []
+    for d in (0.05, 0.12):
+        code, err = _signal_at([sys.executable, str(script), "list"], d, signal.SIGTERM, tmp_path)
+        codes.append(code)
+        assert code in (143, 0) and "Traceback" not in err, (d, code, err[-2000:])  # 0: `list` was done
+        if code == 143:
+            assert err.strip() == "interrupted"
+    assert 143 in codes
+
+
+def test_only_the_command_takes_over_the_signals():
+    from moebench import cli, startup  # noqa: F401 - importing the command line changes no handler here
+
+    assert not startup.is_the_command()
+    assert signal.getsignal(signal.SIGTERM) is not startup._exit_on_signal
