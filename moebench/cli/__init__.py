@@ -128,6 +128,12 @@ def _main() -> None:
         if type(e).__name__ == "Abort" or STATE.get("signalled"):  # click turns an interrupt into Abort
             err.print("interrupted", markup=False)
             sys.exit(ExitCode.INTERRUPTED + (STATE.get("signalled") or 2))
+        loop = "Symlink loop from "  # pathlib's resolve() before Python 3.13, on any path a command is given
+        if isinstance(e, RuntimeError) and str(e).startswith(loop) and not STATE["verbose"]:
+            where = str(e)[len(loop):].strip("'")
+            err.print(f"error: {where}: a loop of symbolic links (one points back to itself); give the "
+                      "real file", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(ExitCode.USAGE)
         if STATE["verbose"]:
             raise
         err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", markup=False,

@@ -72,6 +72,8 @@ def print_plan(p: Plan) -> None:
 # Under the interpreter a case that takes longer than this is a shape too big for the CPU (or a grid
 # of a million programs, run one at a time): the slowest built-in verify case takes ~2 s there.
 CASE_LIMIT_S = 120.0
+# The largest limit the interval timer takes on every platform (1e10 s overflows time_t in setitimer): ~11 days.
+CASE_LIMIT_MAX_S = 1e6
 
 
 def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bool, force: bool,
@@ -91,8 +93,8 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
 
     fmts = parse_formats(formats)
     cross = parse_cross(cross_check)
-    if not case_limit >= 0:
-        raise UsageError(f"--case-limit: expected seconds >= 0 (0: no limit), got {case_limit:g}")
+    if not 0 <= case_limit <= CASE_LIMIT_MAX_S:
+        raise UsageError(f"--case-limit: expected seconds from 0 (no limit) to {CASE_LIMIT_MAX_S:g}, got {case_limit:g}")
     check_cross_checks(cross)
     host_only = spec.family.host_only
     if host_only:
@@ -234,7 +236,7 @@ FORCE_OPT = typer.Option(False, "--force", help="Run more cases than the spec's 
 RESUME_OPT = typer.Option(False, "--resume", help="Keep the finished records of an earlier run into the same OUT "
                           "made under the same settings, and run only the other cases.")
 CASE_LIMIT_OPT = typer.Option(CASE_LIMIT_S, "--case-limit", help="Under the Triton interpreter, stop a case after "
-                              "this many seconds and record it as an error (0: no limit).")
+                              "this many seconds and record it as an error (0: no limit; at most 1e6).")
 
 
 @app.command(short_help="Verify and time every case of a sweep; write the tables.")
