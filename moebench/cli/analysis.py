@@ -20,7 +20,8 @@ from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect
                                   per_step, projection_text, run_arms, separation_cell, separation_text, settings_text,
                                   us)
 from moebench.analysis.reference import reference_names
-from moebench.cli.common import DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, use_sources
+from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, STATE, TABLE_FORMAT_OPT, Bar, err,
+                                 out, print_markdown, use_sources, wants_markdown)
 from moebench.core.text import md_table, num
 from moebench.errors import BackendError, ExitCode, UsageError
 
@@ -60,6 +61,9 @@ def ab(
     dry_run: bool = typer.Option(False, "--dry-run", help="List the OFF/ON pairs and the schedule, run nothing."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
+    markdown: bool = typer.Option(False, "--markdown", help="Print only the markdown block for the PR description "
+                                  "(pipe tables; with --dry-run, the plan as one), no terminal tables."),
+    fmt: str = TABLE_FORMAT_OPT,
 ):
     """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
     separation, pooled sd, effect in noise units, per-step projection, and a PR-ready markdown block."""
@@ -67,6 +71,7 @@ def ab(
     from moebench.core.cases import expand
     from moebench.core.spec import load_spec
 
+    md_only = wants_markdown(markdown, fmt)
     use_sources(plugin, megatron_lm, interpret=None if dry_run else False)
     sp = load_spec(spec)
     fam = sp.family
@@ -90,6 +95,11 @@ def ab(
     for n in notes:
         err.print(n, style="yellow")
     order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
+    if dry_run and md_only:
+        print_markdown(f"**{sp.name} A/B: {len(pairs)} cases x {arms} arms ({order}) x {iters} iterations**\n\n"
+                       + md_table(["case", "OFF case id", "ON case id"], [[p.text, p.off.id, p.on.id] for p in pairs])
+                       + f"\n\nOFF: {settings_text(offs)}; ON: {settings_text(ons)}")
+        return
     if dry_run:
         t = Table(title=f"{sp.name} A/B: {len(pairs)} cases x {arms} arms ({order}) x {iters} iterations",
                   title_justify="left")
@@ -165,6 +175,20 @@ def ab(
         atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
         atomic_write_text(dest / f"{stem}.md", md)
 
+    if md_only:
+        print_markdown(md)
+    else:
+        _print_ab(pairs, layers, per_launch, md)
+    out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
+    failed = [p for p in pairs if p.errors]
+    for p in failed:
+        err.print(Text.assemble(("failed", "red"), f" {p.text}: {p.errors[0]}"
+                                + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1 else "")))
+    raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
+
+
+def _print_ab(pairs: list[ABPair], layers: int | None, per_launch, md: str) -> None:
+    """ab's terminal output: the table, a sentence per case, then the markdown block."""
     out.print(_ab_table(pairs, layers, per_launch))
     for p in pairs:
         if p.stats is not None:
@@ -173,12 +197,6 @@ def ab(
                                     f"{projection_text(pr)}"), highlight=False)
     out.print("\n--- markdown for the PR description ---", style="dim")
     out.print(md, highlight=False, soft_wrap=True)
-    out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
-    failed = [p for p in pairs if p.errors]
-    for p in failed:
-        err.print(Text.assemble(("failed", "red"), f" {p.text}: {p.errors[0]}"
-                                + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1 else "")))
-    raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
 
 
 @app.command(short_help="Per case SAME / FASTER / SLOWER / UNCLEAR; a CI gate.")
@@ -191,8 +209,10 @@ def compare(
                                                  "when the files cannot support a verdict (no shared case, a case "
                                                  "of BASE missing from NEW, a case without times or noise)."),
     metric: str = typer.Option("median_us", "--metric", help="Timing column to compare."),
+    markdown: bool = MARKDOWN_OPT,
+    fmt: str = TABLE_FORMAT_OPT,
 ):
-    """Per case (matched by case_id): SAME / FASTER / SLOWER / UNCLEAR.
+    """Per case (matched by case_id): SAME / FASTER / SLOWER / UNCLEAR (--markdown: a pipe table to paste).
 
     d = (new - base) / base on the median; noise n = sqrt(nb² + nn²) from each row's rel_noise (the
     ~95% half-width of its median, IQR-based). FASTER/SLOWER when |d| >= threshold and |d| > n;
@@ -204,9 +224,11 @@ def compare(
     and confirm a SLOWER with `moebench ab`."""
     from moebench.analysis import read_results
     from moebench.analysis.compare import compare_records
+    from moebench.core.report import compare_markdown
 
     if not (0 < threshold < 1000):
         raise UsageError(f"--threshold: expected a percentage > 0, got {threshold:g}")
+    wants_markdown(markdown, fmt)
     pb, rb = read_results(base)
     pn, rn = read_results(new)
     rep = compare_records(rb, rn, threshold=threshold / 100, metric=metric)
@@ -226,7 +248,9 @@ def compare(
                   num(r.base_us, ".3f"), num(r.new_us, ".3f"), f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
                   f"{100 * r.noise:.2f}" if r.noise is not None else "—", Text(r.verdict, colour.get(r.verdict, "")),
                   r.note)
-    if rep.rows:
+    if rep.rows and wants_markdown(markdown, fmt):
+        print_markdown(compare_markdown(rep.rows, vary, f"{base.name} → {new.name}: {metric}"))
+    elif rep.rows:
         out.print(t)
     for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
         if recs:
@@ -259,7 +283,8 @@ def recommend(
     weights: Optional[str] = typer.Option(None, "--weights", help="How much each shape matters, e.g. "
                                           "256=0.7,16384=0.3 (needs a single --over)."),
     metric: str = typer.Option("median_us", "--metric", help="Time column (lower is better)."),
-    markdown: bool = typer.Option(False, "--markdown", help="Also print the tables as markdown."),
+    markdown: bool = MARKDOWN_OPT,
+    fmt: str = TABLE_FORMAT_OPT,
 ):
     """The robust configuration: worst-case regret (time / per-shape best - 1) of each configuration
     across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too."""
@@ -267,6 +292,7 @@ def recommend(
     from moebench.analysis.recommend import explain, recommend_keys, regret_table
     from moebench.families import catalogue
 
+    md = wants_markdown(markdown, fmt)
     prov, records = read_results(results)
     fam = catalogue().get(records[0].family)
     ov, cfg, grp = recommend_keys(records, fam, _csv(over), _csv(by))
@@ -278,17 +304,18 @@ def recommend(
                  + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "")
                  + (f" on {dev}" if dev else ""))
         head, rows = _regret_rows(rec)
-        t = Table(title=title, title_justify="left")
-        for i, h in enumerate(head):
-            t.add_column(h, justify="left" if i == 0 or h == "choice" else "right")
-        for row in rows:
-            t.add_row(*row)
-        out.print(t)
-        for line in explain(rec):
-            out.print(line, highlight=False)
-        if markdown:
-            out.print("")
-            out.print(md_table(head, rows), markup=False, highlight=False, soft_wrap=True)
+        if md:
+            print_markdown(f"**{title}**\n\n" + md_table(head, rows) + "\n")
+            print_markdown("\n".join(f"- {line}" for line in explain(rec)))
+        else:
+            t = Table(title=title, title_justify="left")
+            for i, h in enumerate(head):
+                t.add_column(h, justify="left" if i == 0 or h == "choice" else "right")
+            for row in rows:
+                t.add_row(*row)
+            out.print(t)
+            for line in explain(rec):
+                out.print(line, highlight=False)
         out.print("")
 
 

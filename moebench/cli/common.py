@@ -35,6 +35,16 @@ DEFAULT_OUT = Path("out")
 PIPE_WIDTH = 100_000
 
 
+# Width of `list` in a pipe (`moebench list | less`, a log): its descriptions wrap inside their
+# cells instead of making 1,200-character lines.
+LIST_PIPE_WIDTH = 100
+
+
+def listing_console() -> Console:
+    """The console `list` prints on: `out` in a terminal, else one LIST_PIPE_WIDTH columns wide."""
+    return out if out.is_terminal else Console(markup=False, emoji=False, width=LIST_PIPE_WIDTH)
+
+
 def fit_consoles() -> None:
     """Full width for each console whose stream is not a terminal; a terminal keeps its width."""
     for c in (out, err):
@@ -340,6 +350,27 @@ def print_failures(records, vary=()) -> None:
             err.print(f"{r.status}: {r.case_id} {r.label}" + (f" [{shown}]" if shown else "")
                       + f": {r.error.splitlines()[0] if r.error else ''}", markup=False, highlight=False,
                       soft_wrap=True)
+
+
+# Options of the commands that print tables (show, compare, recommend, ab): markdown to paste into a PR.
+MARKDOWN_OPT = typer.Option(False, "--markdown", help="Print the tables as markdown pipe tables, ready to paste "
+                            "into a pull request, instead of terminal tables (the same as --format md).")
+TABLE_FORMAT_OPT = typer.Option("table", "--format", help="table (terminal tables) or md (markdown pipe tables, as "
+                                "--markdown).")
+
+
+def wants_markdown(markdown: bool, fmt: str) -> bool:
+    """--markdown, or --format md; any other --format than table / md is a usage error."""
+    f = (fmt or "").strip().lower()
+    if f not in ("table", "md", "markdown"):
+        raise UsageError(f"--format: expected table or md, got {fmt!r}")
+    return markdown or f != "table"
+
+
+def print_markdown(text: str) -> None:
+    """Markdown on stdout as written: never wrapped (a wrapped row is no longer a table row), no
+    highlighting."""
+    out.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 # Options shared by the commands that run or list kernels.

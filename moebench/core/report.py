@@ -361,3 +361,17 @@ def timer_text(t: dict) -> str:
                 f"half-width the t-interval between them{plus} (stop when {stop}). L2: {t.get('l2')}")
     return (f"CUDA-graph replay, {t.get('launches_per_graph')} launches per graph over {where}, per-launch median "
             f"over replays{plus} (stop when {stop}). L2: {t.get('l2')}")
+
+
+def compare_markdown(rows, vary: list[str], title: str) -> str:
+    """`moebench compare --markdown`: the per-case verdicts as a pipe table for a PR. `rows` are
+    moebench.analysis.compare's CompareRows (read by attribute: core imports no analysis)."""
+    from moebench.core.text import num
+
+    head = ["case", "variant", *vary, "BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]
+    body = [[r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, ".3f"), num(r.new_us, ".3f"),
+             f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
+             f"{100 * r.noise:.2f}" if r.noise is not None else "—",
+             f"**{r.verdict}**" if r.verdict in ("SLOWER", "FASTER") else r.verdict, r.note]
+            for r in rows]
+    return f"**{title}**\n\n" + md_table(head, body) + "\n"
