@@ -4,8 +4,8 @@ Prints one line, `MODE [PIP_FLAGS]`, on stdout, and why on stderr:
 
 - `system`: a GPU, and this Python's own torch (a CUDA or ROCm build) and triton import and meet
   pyproject's minimums: .venv is made with --system-site-packages and reuses them, so pip never
-  downloads a second, multi-GB CUDA torch; with setuptools >= 61 here too, `--no-build-isolation`
-  lets the editable install build without a package index.
+  downloads a second, multi-GB CUDA torch; with setuptools >= 70.1 here too (or >= 61 and wheel),
+  `--no-build-isolation` lets the editable install build without a package index.
 - `cuda`: a GPU but no usable torch/triton here (absent, too old, a CPU build, this Python too old):
   a bare .venv, into which pip installs torch from the index (a CUDA build).
 - `cpu`: no GPU: a bare .venv with the CPU build of torch installed first (the Makefile's TORCH_CPU).
@@ -63,6 +63,9 @@ def found_here():
         import setuptools
 
         info["setuptools"] = setuptools.__version__
+        import wheel  # noqa: F401 - setuptools < 70.1 builds an editable install through it
+
+        info["wheel"] = True
     except Exception:
         pass
     return info
@@ -87,7 +90,8 @@ def decide(has_gpu, info, mins):
     if problems:
         return "cuda", "", ("a GPU, but this Python's torch and triton cannot be reused (%s): pip installs torch "
                             "into a bare .venv (a CUDA build, several GB)" % "; ".join(problems))
-    flags = "--no-build-isolation" if version_tuple(info.get("setuptools")) >= (61,) else ""
+    st = version_tuple(info.get("setuptools"))
+    flags = "--no-build-isolation" if st >= (70, 1) or (st >= (61,) and info.get("wheel")) else ""
     return "system", flags, ("a GPU, and this Python (%s) has torch %s and triton %s: .venv reuses them "
                              "(--system-site-packages); no second CUDA torch is downloaded" %
                              (py, info["torch"], info["triton"]))

@@ -32,6 +32,7 @@ def test_a_gpu_machine_with_torch_and_triton_reuses_them():
     assert (mode, flags) == ("system", "--no-build-isolation")
     assert "torch 2.11.0+cu130 and triton 3.6.0" in why and "no second CUDA torch" in why
     assert venv_mode.decide(True, info(setuptools=None), MINS)[:2] == ("system", "")  # builds in isolation
+    assert venv_mode.decide(True, info(setuptools="65.5.0"), MINS)[:2] == ("system", "")  # needs wheel too
 
 
 @pytest.mark.parametrize("kw,reason", [
