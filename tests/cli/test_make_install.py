@@ -17,7 +17,7 @@ spec.loader.exec_module(venv_mode)
 MINS = {"torch": (2, 4), "triton": (3, 6)}
 
 
-def info(python=(3, 12, 3), torch="2.11.0+cu130", gpu=True, triton="3.6.0", setuptools="69.5.1"):
+def info(python=(3, 12, 3), torch="2.11.0+cu130", gpu=True, triton="3.6.0", setuptools="75.1.0"):
     return {"python": python, "torch": torch, "torch_gpu": gpu, "triton": triton, "setuptools": setuptools,
             "why": {"torch": "ModuleNotFoundError: No module named 'torch'"} if torch is None else {}}
 
@@ -33,6 +33,7 @@ def test_a_gpu_machine_with_torch_and_triton_reuses_them():
     assert "torch 2.11.0+cu130 and triton 3.6.0" in why and "no second CUDA torch" in why
     assert venv_mode.decide(True, info(setuptools=None), MINS)[:2] == ("system", "")  # builds in isolation
     assert venv_mode.decide(True, info(setuptools="65.5.0"), MINS)[:2] == ("system", "")  # needs wheel too
+    assert venv_mode.decide(True, {**info(setuptools="65.5.0"), "wheel": True}, MINS)[1] == "--no-build-isolation"
 
 
 @pytest.mark.parametrize("kw,reason", [
