@@ -107,6 +107,10 @@ def main() -> None:
 def _main() -> None:
     try:
         rc = app(standalone_mode=False)  # click hands typer.Exit's code back in this mode
+        signum = STATE.get("signalled")
+        if signum and rc == ExitCode.INTERRUPTED + 2:  # typer turns a KeyboardInterrupt into a silent Exit(130)
+            err.print("interrupted", markup=False)
+            sys.exit(ExitCode.INTERRUPTED + signum)
         sys.exit(int(rc) if isinstance(rc, int) else ExitCode.OK)
     except MoebenchError as e:
         if STATE["verbose"]:

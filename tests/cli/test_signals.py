@@ -90,3 +90,25 @@ def test_only_the_command_takes_over_the_signals():
 
     assert not startup.is_the_command()
     assert signal.getsignal(signal.SIGTERM) is not startup._exit_on_signal
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_before_the_run_loop_is_said_and_keeps_its_code(tmp_path, capsys, monkeypatch, sig):
+    """A signal that lands in a command before its run loop (here: while the backend is chosen) is
+    raised there; typer turns any KeyboardInterrupt into a silent exit 130, which made SIGTERM 130."""
+    from clirun import run_cli, small_count_spec
+    from moebench.cli import common, run
+
+    def landed(_interpret):
+        common.first_interrupt(sig, None)
+
+    monkeypatch.setattr(run, "select_backend", landed)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(small_count_spec("s"))
+    old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        code, _, err = run_cli(["sweep", str(spec), "--out", str(tmp_path / "r")], capsys)
+    finally:
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGTERM, old[1])
+    assert code == 128 + sig and err.strip() == "interrupted", (code, err)
