@@ -36,11 +36,11 @@ def _exit_on_signal(signum, _frame):
 
 def exit_on_signals():
     """SIGINT and SIGTERM end the process at once with 128 + the signal (main thread only)."""
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        for s in SIGNALS:
+    for s in SIGNALS:
+        try:
             signal.signal(s, _exit_on_signal)
+        except ValueError:  # not the main thread: signals are not delivered here anyway
+            return
 
 
 def is_the_command():
