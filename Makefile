@@ -1,7 +1,8 @@
 # moebench — `make sweep` and `make test` install everything they need from scratch into .venv:
 # `make sweep` then runs the main job (count-block; SWEEP=NAME ARGS="..." for another), `make test`
 # the test suite plus the CPU smoke sweeps (Triton interpreter). Without a GPU it installs the CPU
-# build of torch first, so the unpinned `torch` requirement never pulls a multi-GB CUDA build.
+# build of torch first, so the unpinned `torch` requirement never pulls a multi-GB CUDA build; on a
+# GPU machine whose python3 has a CUDA torch and triton it reuses them (scripts/venv_mode.py).
 
 PY      ?= python3
 VENV    ?= .venv
@@ -15,12 +16,15 @@ SWEEP   ?= count-block
 
 .PHONY: install sweep test unit compat smoke smoke-count smoke-act h200 h200-layer clean
 
-$(BIN)/.installed: pyproject.toml
-	$(PY) -m venv $(VENV)
-ifeq ($(HAS_GPU),)
-	$(BIN)/python -m pip install -q $(TORCH_CPU)
-endif
-	$(BIN)/python -m pip install -q -e '.[test]'
+# scripts/venv_mode.py decides (and says why): `system` on a GPU machine whose $(PY) already has a
+# CUDA torch and triton at pyproject's minimums (a venv over them: no second CUDA torch), `cuda` on
+# a GPU machine without them (pip installs torch), `cpu` without a GPU (the CPU torch first).
+$(BIN)/.installed: pyproject.toml scripts/venv_mode.py
+	set -e; set -- $$($(PY) scripts/venv_mode.py --gpu "$(HAS_GPU)"); \
+	[ -n "$$1" ] || { echo "make: scripts/venv_mode.py failed under $(PY)" >&2; exit 1; }; \
+	if [ "$$1" = system ]; then $(PY) -m venv --system-site-packages $(VENV); else $(PY) -m venv $(VENV); fi; \
+	if [ "$$1" = cpu ]; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi; \
+	$(BIN)/python -m pip install -q $$2 -e '.[test]'
 	touch $@
 
 install: $(BIN)/.installed

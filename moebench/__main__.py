@@ -7,6 +7,11 @@ instead of a bare ImportError traceback. Written for any Python 3, so even an ol
 the line rather than a syntax error.
 """
 
+# Before any other import: SIGTERM/Ctrl-C exit 143/130 from here on (moebench.startup says why).
+from moebench.startup import exit_on_signals
+
+exit_on_signals()
+
 import importlib.util
 import os
 import sys

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from moebench.analysis.ab import separation_cell
 from moebench.core.records import atomic_write_text, load_results
+from moebench.core.report import TIE_NOTE, fastest, fastest_text, full_labels
 from moebench.core.text import md_table, num
-from moebench.families.layer import conversions
+from moebench.families.layer import SEPARATION_LEGEND, conversions
 
 HEADING = "## Which microbenchmark wins survive in a layer"
 # The decode shape the seeds argue from (256 live tokens in a 256-token graph), with the count at
@@ -169,17 +170,21 @@ def sweep_rows(path: Path) -> list[list[str]]:
     for r in timed:
         key = (r.params.get("op"), r.params.get("tokens"), r.params.get("buffer_tokens"), r.params.get("local_experts"))
         shapes.setdefault(key, []).append(r)
+    shape_keys = ("op", "tokens", "buffer_tokens", "local_experts")
+    names = dict(zip(map(id, timed), full_labels(timed, [k for k in timed[0].params if k not in shape_keys])))
     rows = []
     for (op, tokens, cap, local), rs in shapes.items():
-        best = min(rs, key=lambda r: r.timing["median_us"])
+        top = fastest(rs)
+        best = top[0]
         base = next((r for r in rs if is_base(r)), None)
 
         def cell(r):
-            return f"{r.label} {r.timing['median_us']:.2f}"
+            return f"{names[id(r)]} {r.timing['median_us']:.2f}"
 
-        rows.append([op, f"{tokens} of {cap}", local, cell(base) if base else "—", cell(best),
+        won = cell(best) if len(top) == 1 else fastest_text(top, lambda r: names[id(r)])
+        rows.append([op, f"{tokens} of {cap}", local, cell(base) if base else "—", won,
                      num(best.work.get("delta_us"), "+.2f"), num(best.work.get("per_step_delta_us"), "+.1f"),
-                     ", ".join(f"{r.label} {r.timing['median_us']:.2f}" for r in rs if r.variant == "mcore") or "—"])
+                     ", ".join(cell(r) for r in rs if r.variant == "mcore") or "—"])
     return rows
 
 
@@ -197,7 +202,7 @@ def section(directory: Path, kernel_dir: Path | None = None) -> str:
     if rows:
         out += [md_table(["change", "live of capacity tokens", "kernel sweep Δ µs", "alone at the layer's shape Δ µs",
                           "in one layer step Δ µs", "conversion", "48 × alone µs", "48-layer graph Δ µs",
-                          "48-layer / projection"], rows), "", *verdicts, ""]
+                          "48-layer / projection"], rows), "", SEPARATION_LEGEND, "", *verdicts, ""]
     else:
         out += ["No layer A/B results in this directory.", ""]
     srows = sweep_rows(directory / "layer.json")
@@ -206,6 +211,8 @@ def section(directory: Path, kernel_dir: Path | None = None) -> str:
                 "against the seeds' before-launch at the same shape; `layer.md` has every row):", "",
                 md_table(["op", "live of capacity tokens", "local experts", "before", "fastest", "fastest Δ µs",
                           "per step µs", "megatron-core fused MoE"], srows), ""]
+        if any(r[4].startswith("tie: ") for r in srows):
+            out += [f"tie: {TIE_NOTE} Δ and per step are those of the first named.", ""]
     out += ["Files: `layer.{csv,json,md}`, `layer-count-ab.{json,md}`, `layer-act-ab.{json,md}`"
             + (", `layer-act-best-ab.{json,md}`" if (directory / "layer-act-best-ab.json").is_file() else "") + "."]
     return "\n".join(out) + "\n"

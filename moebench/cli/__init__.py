@@ -16,6 +16,12 @@ interrupted (130 Ctrl-C, 143 SIGTERM; its completed records are saved).
 
 from __future__ import annotations
 
+from moebench import startup
+
+if startup.is_the_command():  # the console script: SIGTERM/Ctrl-C exit 143/130 during the imports below too
+    startup.exit_on_signals()
+
+import os
 import sys
 
 import typer
@@ -62,6 +68,13 @@ def main() -> None:
     install_interrupts()
     try:
         _main()
+    except SystemExit as e:
+        signum = STATE.get("signalled")
+        if signum and not (isinstance(e.code, int) and e.code >= ExitCode.INTERRUPTED):
+            # a signal something swallowed, or whose exception surfaced as another error: still an interrupt
+            err.print("interrupted", markup=False)
+            raise SystemExit(ExitCode.INTERRUPTED + signum) from None
+        raise
     finally:
         if STATE.get("signalled"):
             # exiting after a signal: a later one must not interrupt the shutdown. Python resets its
@@ -76,6 +89,10 @@ def main() -> None:
 def _main() -> None:
     try:
         rc = app(standalone_mode=False)  # click hands typer.Exit's code back in this mode
+        signum = STATE.get("signalled")
+        if signum and rc == ExitCode.INTERRUPTED + 2:  # typer turns a KeyboardInterrupt into a silent Exit(130)
+            err.print("interrupted", markup=False)
+            sys.exit(ExitCode.INTERRUPTED + signum)
         sys.exit(int(rc) if isinstance(rc, int) else ExitCode.OK)
     except MoebenchError as e:
         if STATE["verbose"]:
@@ -94,9 +111,15 @@ def _main() -> None:
         if hasattr(e, "show") and hasattr(e, "exit_code"):  # a click UsageError / BadParameter
             e.show()
             sys.exit(e.exit_code)
-        if type(e).__name__ == "Abort":
-            err.print("aborted", markup=False)
-            sys.exit(ExitCode.INTERRUPTED + 2)
+        if type(e).__name__ == "Abort" or STATE.get("signalled"):  # click turns an interrupt into Abort
+            err.print("interrupted", markup=False)
+            sys.exit(ExitCode.INTERRUPTED + (STATE.get("signalled") or 2))
+        loop = "Symlink loop from "  # pathlib's resolve() before Python 3.13, on any path a command is given
+        if isinstance(e, RuntimeError) and str(e).startswith(loop) and not STATE["verbose"]:
+            where = str(e)[len(loop):].strip("'")
+            err.print(f"error: {where}: a loop of symbolic links (one points back to itself); give the "
+                      "real file", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(ExitCode.USAGE)
         if STATE["verbose"]:
             raise
         err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", markup=False,

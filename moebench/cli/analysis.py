@@ -20,7 +20,8 @@ from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect
                                   per_step, projection_text, run_arms, separation_cell, separation_text, settings_text,
                                   us)
 from moebench.analysis.reference import reference_names
-from moebench.cli.common import DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, use_sources
+from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, STATE, TABLE_FORMAT_OPT, Bar, err,
+                                 out, print_markdown, use_sources, wants_markdown)
 from moebench.core.text import md_table, num
 from moebench.errors import BackendError, ExitCode, UsageError
 
@@ -60,6 +61,9 @@ def ab(
     dry_run: bool = typer.Option(False, "--dry-run", help="List the OFF/ON pairs and the schedule, run nothing."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
+    markdown: bool = typer.Option(False, "--markdown", help="Print only the markdown block for the PR description "
+                                  "(pipe tables; with --dry-run, the plan as one), no terminal tables."),
+    fmt: str = TABLE_FORMAT_OPT,
 ):
     """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
     separation, pooled sd, effect in noise units, per-step projection, and a PR-ready markdown block."""
@@ -67,6 +71,7 @@ def ab(
     from moebench.core.cases import expand
     from moebench.core.spec import load_spec
 
+    md_only = wants_markdown(markdown, fmt)
     use_sources(plugin, megatron_lm, interpret=None if dry_run else False)
     sp = load_spec(spec)
     fam = sp.family
@@ -90,6 +95,11 @@ def ab(
     for n in notes:
         err.print(n, style="yellow")
     order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
+    if dry_run and md_only:
+        print_markdown(f"**{sp.name} A/B: {len(pairs)} cases x {arms} arms ({order}) x {iters} iterations**\n\n"
+                       + md_table(["case", "OFF case id", "ON case id"], [[p.text, p.off.id, p.on.id] for p in pairs])
+                       + f"\n\nOFF: {settings_text(offs)}; ON: {settings_text(ons)}")
+        return
     if dry_run:
         t = Table(title=f"{sp.name} A/B: {len(pairs)} cases x {arms} arms ({order}) x {iters} iterations",
                   title_justify="left")
@@ -167,6 +177,20 @@ def ab(
         atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
         atomic_write_text(dest / f"{stem}.md", md)
 
+    if md_only:
+        print_markdown(md)
+    else:
+        _print_ab(pairs, layers, per_launch, md)
+    out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
+    failed = [p for p in pairs if p.errors]
+    for p in failed:
+        err.print(Text.assemble(("failed", "red"), f" {p.text}: {p.errors[0]}"
+                                + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1 else "")))
+    raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
+
+
+def _print_ab(pairs: list[ABPair], layers: int | None, per_launch, md: str) -> None:
+    """ab's terminal output: the table, a sentence per case, then the markdown block."""
     out.print(_ab_table(pairs, layers, per_launch))
     for p in pairs:
         if p.stats is not None:
@@ -175,12 +199,6 @@ def ab(
                                     f"{projection_text(pr)}"), highlight=False)
     out.print("\n--- markdown for the PR description ---", style="dim")
     out.print(md, highlight=False, soft_wrap=True)
-    out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
-    failed = [p for p in pairs if p.errors]
-    for p in failed:
-        err.print(Text.assemble(("failed", "red"), f" {p.text}: {p.errors[0]}"
-                                + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1 else "")))
-    raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
 
 
 @app.command(short_help="Per case SAME / FASTER / SLOWER / UNCLEAR; a CI gate.")
@@ -200,8 +218,10 @@ def compare(
                                         "settings (L2, groups, placements, ...) or kill switches."),
     allow_device: bool = typer.Option(False, "--allow-device", help="Compare files timed on other devices."),
     cycles: bool = typer.Option(False, "--cycles", help="Compare in SM clock cycles (µs x each record's MHz)."),
+    markdown: bool = MARKDOWN_OPT,
+    fmt: str = TABLE_FORMAT_OPT,
 ):
-    """Per case (matched by case_id): SAME / FASTER / SLOWER / UNCLEAR.
+    """Per case (matched by case_id): SAME / FASTER / SLOWER / UNCLEAR (--markdown: a pipe table to paste).
 
     d = (new - base) / base on the median; noise n = sqrt(nb² + nn²) from each file's own noise
     model: rel_noise (the ~95% half-width of its median) with the run-to-run term the record states
@@ -214,9 +234,11 @@ def compare(
     SLOWER with `moebench ab`."""
     from moebench.analysis import read_results
     from moebench.analysis.compare import check_comparable, compare_records
+    from moebench.core.report import compare_markdown
 
     if not (0 < threshold < 1000):
         raise UsageError(f"--threshold: expected a percentage > 0, got {threshold:g}")
+    wants_markdown(markdown, fmt)
     pb, rb = read_results(base)
     pn, rn = read_results(new)
     notes = check_comparable(pb, pn, allow_settings=allow_settings, allow_device=allow_device)
@@ -227,7 +249,9 @@ def compare(
         err.print(n, style="yellow", highlight=False, soft_wrap=True)
     vary = rep.vary
     t = _compare_table(rep, f"{base.name} → {new.name}: {metric}" + (" in cycles" if cycles else ""))
-    if rep.rows:
+    if rep.rows and wants_markdown(markdown, fmt):
+        print_markdown(compare_markdown(rep.rows, vary, f"{base.name} → {new.name}: {metric}"))
+    elif rep.rows:
         out.print(t)
     for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
         if recs:
@@ -263,7 +287,8 @@ def recommend(
     weights: Optional[str] = typer.Option(None, "--weights", help="How much each shape matters, e.g. "
                                           "256=0.7,16384=0.3 (needs a single --over); with --emit, the workload mix."),
     metric: str = typer.Option("median_us", "--metric", help="Time column (lower is better)."),
-    markdown: bool = typer.Option(False, "--markdown", help="Also print the tables as markdown."),
+    markdown: bool = MARKDOWN_OPT,
+    fmt: str = TABLE_FORMAT_OPT,
     emit: Optional[str] = typer.Option(None, "--emit", help="env or json: the kill-switch values a runtime reads "
                                        "(MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) for the mix, a value "
                                        "only where it beats the shipped default with separated intervals, else the "
@@ -283,6 +308,7 @@ def recommend(
     from moebench.analysis.recommend import explain, recommend_keys, regret_table
     from moebench.analysis.pages import builtin_family
 
+    md = wants_markdown(markdown, fmt)
     prov, records = read_results(results)
     fam = builtin_family(records[0].family)  # a reader never imports a plugin
     if emit is not None or check or output is not None or variant is not None:
@@ -296,17 +322,18 @@ def recommend(
                  + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "")
                  + (f" on {dev}" if dev else ""))
         head, rows = _regret_rows(rec)
-        t = Table(title=title, title_justify="left")
-        for i, h in enumerate(head):
-            t.add_column(h, justify="left" if i == 0 or h == "choice" else "right")
-        for row in rows:
-            t.add_row(*row)
-        out.print(t)
-        for line in explain(rec):
-            out.print(line, highlight=False)
-        if markdown:
-            out.print("")
-            out.print(md_table(head, rows), markup=False, highlight=False, soft_wrap=True)
+        if md:
+            print_markdown(f"**{title}**\n\n" + md_table(head, rows) + "\n")
+            print_markdown("\n".join(f"- {line}" for line in explain(rec)))
+        else:
+            t = Table(title=title, title_justify="left")
+            for i, h in enumerate(head):
+                t.add_column(h, justify="left" if i == 0 or h == "choice" else "right")
+            for row in rows:
+                t.add_row(*row)
+            out.print(t)
+            for line in explain(rec):
+                out.print(line, highlight=False)
         out.print("")
 
 

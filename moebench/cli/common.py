@@ -22,7 +22,9 @@ from moebench.errors import BackendError, UsageError
 
 out = Console(markup=False, emoji=False)
 err = Console(stderr=True, markup=False, emoji=False)
-STATE = {"verbose": False}
+# verbose: -v; signalled: the first signal of this command; in_run: inside a run's event loop;
+# pending: a signal that landed in an import during a run, raised at the run's next event
+STATE: dict = {"verbose": False, "signalled": None, "in_run": False}
 
 # Where runs write unless --out says otherwise: a folder git ignores, so a bare run leaves a clean
 # checkout and never touches the committed results/ (reference data, written only when named).
@@ -31,6 +33,16 @@ DEFAULT_OUT = Path("out")
 # Width of a console that is not a terminal: wide enough that no table or line is ever cut or
 # wrapped (rich would otherwise use 80 columns, or the width of whichever std stream is a terminal).
 PIPE_WIDTH = 100_000
+
+
+# Width of `list` in a pipe (`moebench list | less`, a log): its descriptions wrap inside their
+# cells instead of making 1,200-character lines.
+LIST_PIPE_WIDTH = 100
+
+
+def listing_console() -> Console:
+    """The console `list` prints on: `out` in a terminal, else one LIST_PIPE_WIDTH columns wide."""
+    return out if out.is_terminal else Console(markup=False, emoji=False, width=LIST_PIPE_WIDTH)
 
 
 def fit_consoles() -> None:
@@ -100,13 +112,46 @@ def second_interrupt(signum, _frame) -> None:
     os._exit(128 + signum)
 
 
-def first_interrupt(signum, _frame) -> None:
-    STATE["signalled"] = True
+def _importing(frame) -> bool:
+    """Whether `frame` (where a signal landed) is inside an import statement's work."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def first_interrupt(signum, frame) -> None:
+    """The first Ctrl-C or SIGTERM: raised as KeyboardInterrupt where it lands (a run stops between
+    cases and keeps what it finished), except in the middle of an import, where unwinding would
+    leave a module half imported (later code then fails on it) or meet a library's bare `except`
+    that swallows it. There it waits: in a run (`sigterm_as_interrupt`), until the run's next event
+    (`raise_pending`); elsewhere nothing is written yet, so the command leaves at once."""
+    STATE["signalled"] = signum
     signal.signal(signal.SIGINT, second_interrupt)
     signal.signal(signal.SIGTERM, second_interrupt)
+    if _importing(frame):
+        if STATE.get("in_run"):
+            STATE["pending"] = signum
+            return
+        from moebench.startup import exit_now
+
+        exit_now(signum)
+    _raise(signum)
+
+
+def _raise(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Signalled(signum)
+
+
+def raise_pending() -> None:
+    """Raise an interrupt that arrived while it could not be raised (or that something swallowed):
+    a run calls this at each event, so no signal is lost."""
+    signum = STATE.pop("pending", None) or STATE.get("signalled")
+    if signum:
+        _raise(signum)
 
 
 def install_interrupts() -> None:
@@ -115,6 +160,7 @@ def install_interrupts() -> None:
     import threading
 
     if threading.current_thread() is threading.main_thread():
+        STATE["signalled"] = None
         signal.signal(signal.SIGINT, first_interrupt)
         signal.signal(signal.SIGTERM, first_interrupt)
 
@@ -124,10 +170,14 @@ def sigterm_as_interrupt() -> Iterator[None]:
     """The interrupt handlers for the span of a run (main() installs them for the whole command;
     this keeps a caller that runs a sweep outside main() covered too)."""
     old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    install_interrupts()
+    was = STATE.get("in_run")
+    if signal.getsignal(signal.SIGINT) is not second_interrupt:
+        install_interrupts()
+    STATE["in_run"] = True
     try:
         yield
     finally:
+        STATE["in_run"] = was
         if signal.getsignal(signal.SIGINT) is first_interrupt:  # after a first interrupt the second stays armed
             signal.signal(signal.SIGINT, old[0])
             signal.signal(signal.SIGTERM, old[1])
@@ -300,6 +350,27 @@ def print_failures(records, vary=()) -> None:
             err.print(f"{r.status}: {r.case_id} {r.label}" + (f" [{shown}]" if shown else "")
                       + f": {r.error.splitlines()[0] if r.error else ''}", markup=False, highlight=False,
                       soft_wrap=True)
+
+
+# Options of the commands that print tables (show, compare, recommend, ab): markdown to paste into a PR.
+MARKDOWN_OPT = typer.Option(False, "--markdown", help="Print the tables as markdown pipe tables, ready to paste "
+                            "into a pull request, instead of terminal tables (the same as --format md).")
+TABLE_FORMAT_OPT = typer.Option("table", "--format", help="table (terminal tables) or md (markdown pipe tables, as "
+                                "--markdown).")
+
+
+def wants_markdown(markdown: bool, fmt: str) -> bool:
+    """--markdown, or --format md; any other --format than table / md is a usage error."""
+    f = (fmt or "").strip().lower()
+    if f not in ("table", "md", "markdown"):
+        raise UsageError(f"--format: expected table or md, got {fmt!r}")
+    return markdown or f != "table"
+
+
+def print_markdown(text: str) -> None:
+    """Markdown on stdout as written: never wrapped (a wrapped row is no longer a table row), no
+    highlighting."""
+    out.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 # Options shared by the commands that run or list kernels.

@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from moebench.analysis.reference import reference_names
-from moebench.cli.common import DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, err, out, render_table, select_backend, use_sources
+from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, TABLE_FORMAT_OPT, err, out,
+                                 listing_console, print_markdown, render_table, select_backend, use_sources, wants_markdown)
 from moebench.errors import BackendError, UsageError
 
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
@@ -48,21 +49,28 @@ def list_(
     from moebench.sources import upstream
 
     use_sources(plugin, megatron_lm)
-    tab = Table(title="Families and variants", title_justify="left")
-    for c in ("family", "variant", "launch params", "source", "what it is"):
-        tab.add_column(c)
+    con = listing_console()
+    rows = []  # (family, variant, launch params, source, what it is)
     for fam in catalogue().values():
-        tab.add_row(fam.name, "", "", "" if fam.origin == "builtin" else fam.origin,
-                    fam.doc + (" (host-only)" if fam.host_only else ""), style="bold")
+        rows.append((fam.name, "", "", "" if fam.origin == "builtin" else fam.origin,
+                     fam.doc + (" (host-only)" if fam.host_only else "")))
         for v in fam.variants.values():
             env = ", ".join(f"{k} from ${var}" for k, (var, _) in v.env.items())
-            tab.add_row("", v.name, ", ".join(v.params) + (f"; {env}" if env else ""), v.source, v.doc)
+            rows.append(("", v.name, ", ".join(v.params) + (f"; {env}" if env else ""), v.source, v.doc))
+    if con is out:  # a terminal: one table
+        tab = Table(title="Families and variants", title_justify="left")
+        for c in ("family", "variant", "launch params", "source", "what it is"):
+            tab.add_column(c)
+        for row in rows:
+            tab.add_row(*row, style="bold" if row[0] else None)
+        con.print(tab)
+    else:  # a pipe: an indented listing, wrapped, nothing cut
+        con.print(_listing(rows), soft_wrap=True, highlight=False)
     for name, why in broken().items():  # a family or installed plugin that failed: listed, not used
-        tab.add_row(name, "", "", "", f"BROKEN: {why}", style="bold red")
-    out.print(tab)
+        con.print(f"{name}: BROKEN: {why}", markup=False, highlight=False, style="bold red" if con is out else None)
     statuses = [upstream.status(name) for name in upstream.KERNELS]
     if not any(st.present for st in statuses):  # one reason for all: say it once
-        out.print(f"Upstream kernels ({', '.join(st.attr for st in statuses)}): none found: {statuses[0].why}",
+        con.print(f"Upstream kernels ({', '.join(st.attr for st in statuses)}): none found: {statuses[0].why}",
                   markup=False, highlight=False)
     else:
         up = Table(title="Upstream kernels (for the upstream variants)", title_justify="left")
@@ -79,11 +87,31 @@ def list_(
                 except Unavailable as e:
                     state = str(e)
             up.add_row(st.attr, st.source or "—", state)
-        out.print(up)
-    out.print("Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()))
-    out.print("Model configs: " + ", ".join(p.stem for p in builtin_models()))
-    out.print("References (published tables for show/plot --reference NAME, recommend ref:NAME): "
+        con.print(up)
+    con.print("Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()))
+    con.print("Model configs: " + ", ".join(p.stem for p in builtin_models()))
+    con.print("References (published tables for show/plot --reference NAME, recommend ref:NAME): "
               + ", ".join(reference_names()))
+
+
+def _listing(rows) -> str:
+    """`list`'s families and variants as plain text for a pipe: a family, then its variants
+    indented, each description wrapped under its name (a table in 100 columns cut the long names)."""
+    import textwrap
+
+    from moebench.cli.common import LIST_PIPE_WIDTH
+
+    lines = ["Families and variants"]
+    for fam, variant, params, source, doc in rows:
+        if fam:
+            head, indent = f"{fam}" + (f" ({source})" if source else ""), "    "
+        else:
+            head, indent = f"  {variant} ({source}; launch params: {params or 'none'})", "      "
+        lines += textwrap.wrap(head, LIST_PIPE_WIDTH, subsequent_indent=indent, break_long_words=False,
+                               break_on_hyphens=False)
+        lines += textwrap.wrap(doc, LIST_PIPE_WIDTH, initial_indent=indent, subsequent_indent=indent,
+                               break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 @app.command(short_help="Any results file as a PR-style pivot.")
@@ -96,12 +124,15 @@ def show(
     metric: Optional[str] = typer.Option(None, "--metric", help="Column in the cells (default: the family's, e.g. "
                                          "median_us; ref_check for a file without timings)."),
     reference: Optional[str] = REFERENCE_OPT,
+    markdown: bool = MARKDOWN_OPT,
+    fmt: str = TABLE_FORMAT_OPT,
 ):
-    """Print any results file as a PR-style pivot."""
+    """Print any results file as a PR-style pivot (--markdown: as pipe tables to paste)."""
     from moebench.analysis.pages import builtin_family
     from moebench.core.records import load_results
-    from moebench.core.report import frame, pivots
+    from moebench.core.report import frame, markdown_table, pivots
 
+    md = wants_markdown(markdown, fmt)
     prov, records = load_results(results)
     if not records:
         raise UsageError(f"{results}: no records")
@@ -136,8 +167,12 @@ def show(
         if not tables:
             raise UsageError(f"--reference: no cell of {ref.name} matches a {rows} x {cols} cell of {results}")
     for kind, title, t in tables:
-        out.print(render_table(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""),
-                               t, "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"))
+        head = f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else "")
+        shown, corner = "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"
+        if md:
+            print_markdown(f"**{head}**\n\n" + markdown_table(t, shown, corner) + "\n")
+        else:
+            out.print(render_table(head, t, shown, corner))
     if ref is not None:
         out.print(f"reference: {ref.title} — {ref.source}", highlight=False)
     dev = prov.get("device", {}).get("name")

@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_cross,
-                                 parse_formats, print_failures, print_pivots, select_backend, sigterm_as_interrupt,
-                                 use_sources)
+                                 parse_formats, print_failures, print_pivots, raise_pending, select_backend,
+                                 sigterm_as_interrupt, use_sources)
 from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
 
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
@@ -72,6 +72,8 @@ def print_plan(p: Plan) -> None:
 # Under the interpreter a case that takes longer than this is a shape too big for the CPU (or a grid
 # of a million programs, run one at a time): the slowest built-in verify case takes ~2 s there.
 CASE_LIMIT_S = 120.0
+# The largest limit the interval timer takes on every platform (1e10 s overflows time_t in setitimer): ~11 days.
+CASE_LIMIT_MAX_S = 1e6
 
 
 def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bool, force: bool,
@@ -91,8 +93,8 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
 
     fmts = parse_formats(formats)
     cross = parse_cross(cross_check)
-    if not case_limit >= 0:
-        raise UsageError(f"--case-limit: expected seconds >= 0 (0: no limit), got {case_limit:g}")
+    if not 0 <= case_limit <= CASE_LIMIT_MAX_S:
+        raise UsageError(f"--case-limit: expected seconds from 0 (no limit) to {CASE_LIMIT_MAX_S:g}, got {case_limit:g}")
     check_cross_checks(cross)
     host_only = spec.family.host_only
     if host_only:
@@ -181,6 +183,8 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                         bar.describe(f"{spec.name}: {ev.what}")
                     elif isinstance(ev, Summary):
                         summary = ev
+                    if isinstance(ev, (Started, Finished)):
+                        raise_pending()  # a signal that landed in an import, or that something swallowed
             except KeyboardInterrupt as e:  # landed here, between events: the driver still sums up
                 summary = events.throw(e)
             except OutputError as e:  # the disk filled up (or the folder went away) under the run
@@ -240,7 +244,7 @@ FORCE_OPT = typer.Option(False, "--force", help="Run more cases than the spec's 
 RESUME_OPT = typer.Option(False, "--resume", help="Keep the finished records of an earlier run into the same OUT "
                           "made under the same settings, and run only the other cases.")
 CASE_LIMIT_OPT = typer.Option(CASE_LIMIT_S, "--case-limit", help="Under the Triton interpreter, stop a case after "
-                              "this many seconds and record it as an error (0: no limit).")
+                              "this many seconds and record it as an error (0: no limit; at most 1e6).")
 
 
 @app.command(short_help="Verify and time every case of a sweep; write the tables.")

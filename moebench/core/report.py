@@ -29,7 +29,13 @@ def frame(records: list[Record]) -> pd.DataFrame:
 def pivots(records: list[Record], rows: str, cols: str, metric: str,
            param_names: list[str]) -> list[tuple[str, pd.DataFrame]]:
     """One pivot per combination of the other varying parameters. Cells hold the metric, or a
-    status mark for failed cases. Returns (title, table) pairs."""
+    status mark for failed cases. Returns (title, table) pairs.
+
+    With several variant labels along the rows, a parameter splits the tables only when every
+    label sweeps the same values of it (a shared axis). One swept inside a single variant entry
+    (`axes: {act_grid_cap: [512, 1024]}`) or by a few labels only goes into those rows' labels
+    (`count 128, act cap, act_grid_cap=512`), so no table is one row long and no two rows read
+    alike; one set by the column value (the partner of a `zip`) is named in the title."""
     df = frame(records)
     if df.empty:
         return []
@@ -41,9 +47,12 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
     if "label" in others:  # several variants: they become row groups, like the PR's "(before)" row
         others.remove("label")
         row_keys = ["label"] + row_keys
+    col = cols if cols in df.columns else "label"
+    by_col = [c for c in others if (df.groupby(col, dropna=False, sort=False)[c].nunique(dropna=True) <= 1).all()]
+    others = [c for c in others if c not in by_col]
     if "label" in row_keys or cols == "label":
-        # a parameter fixed by each variant entry is part of its label, not a reason to split tables
-        others = [c for c in others if not (df.groupby("label")[c].nunique(dropna=True) <= 1).all()]
+        others, inner = _shared_axes(df, others)
+        df["label"] = full_labels(records, inner)
 
     def cell(r: dict) -> Any:
         if r["status"] != "ok":
@@ -55,9 +64,8 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
     groups = df.groupby(others, dropna=False, sort=True) if others else [((), df)]
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
-        title = ", ".join(f"{k}={v}" for k, v in zip(others, key))
+        title = ", ".join([f"{k}={_label(v)}" for k, v in zip(others, key)] + _per_column(g, col, by_col))
         idx = row_keys or ["label"]
-        col = cols if cols in g.columns else "label"
         row_vals = ordered(tuple(t) for t in g[idx].itertuples(index=False, name=None))
         col_vals = ordered((v,) for v in g[col])
         need = list(dict.fromkeys([*idx, col, "status", metric]))
@@ -69,6 +77,79 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
         t = pd.DataFrame(data, index=index, columns=pd.Index([cv[0] for cv in col_vals], name=col))
         tables.append((title, t))
     return tables
+
+
+def _shared_axes(df: pd.DataFrame, names: list[str]) -> tuple[list[str], list[str]]:
+    """(shared, inner): of `names`, those every label sweeps over the same values (they split the
+    tables), and those that vary inside some labels only (they go into those labels). A name
+    constant within each label is neither: the label already says it."""
+    shared, inner = [], []
+    for c in names:
+        sets = [frozenset(map(repr, g.dropna())) for _, g in df.groupby("label", sort=False)[c]]
+        sets = [x for x in sets if x]
+        if sets and len(set(sets)) == 1 and len(sets[0]) > 1:
+            shared.append(c)
+        elif any(len(x) > 1 for x in sets):
+            inner.append(c)
+    return shared, inner
+
+
+def _per_column(g: pd.DataFrame, col: str, names: list[str]) -> list[str]:
+    """Title parts for parameters set by the column value: `tokens per column: 256, 256, 2048`."""
+    parts = []
+    for c in names:
+        by = {}
+        for cv, v in zip(g[col], g[c]):
+            if v is not None and not (isinstance(v, float) and pd.isna(v)):
+                by.setdefault(cv, v)
+        if len({repr(v) for v in by.values()}) > 1:
+            parts.append(f"{c} per column: " + ", ".join(str(_label(by.get(cv[0]))) for cv in ordered((v,) for v in g[col])))
+    return parts
+
+
+def full_labels(records: list[Record], names: list[str] | None = None) -> list[str]:
+    """Each record's label, with the parameters of `names` (default: every parameter) that vary
+    among the records of that label appended as `, name=value`: a label swept over an axis inside
+    its variant entry names the value, so two configurations never share a name. The caller
+    leaves out what its table already shows (the shape keys, the columns)."""
+    names = list(dict.fromkeys(k for r in records for k in r.params)) if names is None else names
+    by_label: dict[str, list[Record]] = {}
+    for r in records:
+        by_label.setdefault(r.label, []).append(r)
+    inner = {lab: [k for k in varying([q.params for q in rs], names)] for lab, rs in by_label.items()}
+    return [r.label + "".join(f", {k}={_label(r.params[k])}" for k in inner[r.label] if r.params.get(k) is not None)
+            for r in records]
+
+
+def half_width(r: Record) -> float:
+    """The ~95% half-width of a record's median_us (rel_noise x median); 0 without a noise estimate."""
+    m = r.timing.get("median_us")
+    return abs(m * (r.timing.get("rel_noise") or 0.0)) if m is not None else 0.0
+
+
+def fastest(records: list[Record]) -> list[Record]:
+    """The timed record with the least median_us first, then every other whose interval (median ±
+    half_width) overlaps the fastest's, fastest first. More than one is a tie: the numbers do not
+    say which of them is faster (two bit-identical kernels land 3% apart), so a page names them
+    all instead of picking a winner inside the noise."""
+    timed = sorted((r for r in records if r.status == "ok" and r.timing.get("median_us") is not None),
+                   key=lambda r: r.timing["median_us"])
+    if not timed:
+        return []
+    best = timed[0]
+    top = best.timing["median_us"] + half_width(best)
+    return [best] + [r for r in timed[1:] if r.timing["median_us"] - half_width(r) <= top]
+
+
+def fastest_text(tied: list[Record], name=lambda r: r.label) -> str:
+    """`name 2.13` for one winner; `tie: a 2.13 ± 0.06, b 2.19 ± 0.08` when intervals overlap."""
+    if len(tied) == 1:
+        return name(tied[0])
+    return "tie: " + "; ".join(f"{name(r)} {r.timing['median_us']:.2f} ± {half_width(r):.2f}" for r in tied)
+
+
+TIE_NOTE = ("the fastest configuration's ~95% interval (median ± its rel_noise) overlaps those of the others "
+            "named with it, so these numbers do not say which of them is faster.")
 
 
 # A row label part for a parameter the variant does not take (legacy's grid_cap: its grid is min(M, 512)).
@@ -287,3 +368,17 @@ def timer_text(t: dict) -> str:
                 f"half-width the t-interval between them{plus} (stop when {stop}). L2: {t.get('l2')}")
     return (f"CUDA-graph replay, {t.get('launches_per_graph')} launches per graph over {where}, per-launch median "
             f"over replays{plus} (stop when {stop}). L2: {t.get('l2')}")
+
+
+def compare_markdown(rows, vary: list[str], title: str) -> str:
+    """`moebench compare --markdown`: the per-case verdicts as a pipe table for a PR. `rows` are
+    moebench.analysis.compare's CompareRows (read by attribute: core imports no analysis)."""
+    from moebench.core.text import num
+
+    head = ["case", "variant", *vary, "BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]
+    body = [[r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, ".3f"), num(r.new_us, ".3f"),
+             f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
+             f"{100 * r.noise:.2f}" if r.noise is not None else "—",
+             f"**{r.verdict}**" if r.verdict in ("SLOWER", "FASTER") else r.verdict, r.note]
+            for r in rows]
+    return f"**{title}**\n\n" + md_table(head, body) + "\n"

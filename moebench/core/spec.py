@@ -29,6 +29,9 @@ MAX_SPEC_BYTES = 4 * 2**20
 INT64_MAX = 2**63 - 1
 # Sweep names become result file names: no path separators, no surprises in a shell.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# ... and a file name holds at most 255 bytes: the longest one a run writes is `.NAME-verify-quick.partial.jsonl`
+# or its lock; 100 leaves room for every suffix.
+MAX_NAME_LEN = 100
 
 TOP_KEYS = {
     "name": "sweep name (string)",
@@ -603,6 +606,8 @@ def load_spec(name_or_path: str) -> Spec:
     name = L.string(doc["name"], "name")
     if not NAME_RE.fullmatch(name):
         L.fail("name", f"expected letters, digits, '.', '_' or '-' (it names the result files), got {name!r}")
+    if len(name) > MAX_NAME_LEN:
+        L.fail("name", f"expected at most {MAX_NAME_LEN} characters (it names the result files), got {len(name)}")
     fam_name = L.string(doc["family"], "family")
     if fam_name not in cat:
         L.fail("family", family_error(fam_name) or f"unknown family {fam_name!r}; known: {', '.join(cat)}"

@@ -30,9 +30,13 @@ def num(v: float | None, spec: str = ".2f") -> str:
 
 
 def md_table(head: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub markdown table."""
-    lines = ["| " + " | ".join(str(h) for h in head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    """A GitHub markdown table. A `|` or a line break inside a cell is escaped, so a label never
+    splits its row."""
+    def cell(c: Any) -> str:
+        return str(c).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

@@ -100,6 +100,20 @@ def test_the_section_gives_each_changes_conversion_and_verdict(results):
     assert ("| silu_mul_bounded | 256 of 256 | 32 | before (count 1024, act min(M,512)) 100.00 | "
             "seed 000 (count 128) 98.00 |") in text
     assert "| silu_mul_bounded | 256 of 256 | 16 | before, other EP 100.00 |" in text
+    assert "Separation: " in text and '"overlap (m)": the slowest ON measurement is m slower' in text
+
+
+def test_the_sweep_table_says_tie_inside_the_noise(results):
+    d, kd = results
+    doc = json.loads((d / "layer.json").read_text())
+    for r in doc["records"]:  # every record +-2%: at decode the 98 and 99 intervals overlap the 100s
+        if r["timing"]:
+            r["timing"]["rel_noise"] = 0.02
+    (d / "layer.json").write_text(json.dumps(doc))
+    text = section(d, kd)
+    row = next(line for line in text.splitlines() if line.startswith("| silu_mul_bounded | 256 of 256 | 32 |"))
+    assert "tie: seed 000 (count 128) 98.00 ± 1.96; count 128, act cap, act_grid_cap=1024 99.00 ± 1.98" in row
+    assert "do not say which of them is faster" in text
 
 
 def test_best_cap_reads_the_layer_sweep(results):

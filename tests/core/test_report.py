@@ -42,3 +42,63 @@ def test_render_rewrites_the_page_from_the_json(tmp_path, capsys):
     bad.write_text(json.dumps([1, 2]))
     code, _, err = run_cli(["render", str(bad)], capsys)
     assert code == 2 and "not a moebench results file" in err
+
+
+# ----------------------------------------------------------------------------- one table per question, ties
+
+def lrec(label, us, noise=0.001, **params):
+    return Record("s", "layer", f"{label}{sorted(params.items())}", "step", label, "ok", params=params,
+                  timing={"median_us": us, "rel_noise": noise})
+
+
+def test_an_axis_inside_one_variant_entry_goes_into_its_label_not_into_one_row_tables():
+    """layer.md: `count 128, act cap` swept act_grid_cap, two labels swept local_experts, tokens is the
+    zip partner of the column: one table, every row named in full (it was seven one- or few-row tables)."""
+    rs = []
+    for cap_tokens, tokens in ((256, 256), (1024, 256), (2048, 2048)):
+        rs.append(lrec("before", 10.0, buffer_tokens=cap_tokens, tokens=tokens, local_experts=32, act_grid_cap=None))
+        for cap in (512, 1024):
+            rs.append(lrec("act cap", 9.0, buffer_tokens=cap_tokens, tokens=tokens, local_experts=32, act_grid_cap=cap))
+    for le in (16, 64):
+        rs.append(lrec("other EP", 8.0, buffer_tokens=256, tokens=256, local_experts=le, act_grid_cap=8192.0))
+    tables = pivots(rs, "label", "buffer_tokens", "median_us", ["tokens", "buffer_tokens", "local_experts",
+                                                                "act_grid_cap"])
+    assert len(tables) == 1
+    title, t = tables[0]
+    assert title == "tokens per column: 256, 256, 2048"
+    assert list(t.index) == ["before", "act cap, act_grid_cap=512", "act cap, act_grid_cap=1024",
+                             "other EP, local_experts=16", "other EP, local_experts=64"]
+    assert list(t.columns) == [256, 1024, 2048]
+
+
+def test_a_shared_axis_still_splits_with_integer_titles():
+    rs = [lrec(lab, 1.0, tokens=t, buffer_tokens=b, grid=g) for lab in ("a", "b") for t in (1, 2) for b in (16, 32)
+          for g in (4.0, 8.0)]
+    titles = [title for title, _ in pivots(rs, "label", "tokens", "median_us", ["tokens", "buffer_tokens", "grid"])]
+    assert titles == ["buffer_tokens=16, grid=4", "buffer_tokens=16, grid=8", "buffer_tokens=32, grid=4",
+                      "buffer_tokens=32, grid=8"]
+
+
+def test_fastest_names_a_tie_inside_the_noise():
+    from moebench.core.report import fastest, fastest_text
+
+    a, b, c = lrec("upstream", 2.1336, 0.029), lrec("capped", 2.1881, 0.035), lrec("legacy", 3.11, 0.01)
+    assert fastest([c, b, a]) == [a, b]
+    assert fastest_text([a, b]) == "tie: upstream 2.13 ± 0.06; capped 2.19 ± 0.08"
+    assert fastest([lrec("x", 2.0, 0.001), lrec("y", 2.1, 0.001)])[0].label == "x"
+    assert len(fastest([lrec("x", 2.0, 0.001), lrec("y", 2.1, 0.001)])) == 1  # separated: one winner
+
+
+def test_which_grid_wins_says_tie_between_overlapping_kernels():
+    from moebench.families.act import markdown_sections
+
+    def arec(variant, cap, us, noise):
+        return Record("act-grid", "act", f"{variant}{cap}", variant, variant, "ok",
+                      params={"op": "silu_mul_bounded", "rows": 16384, "live_rows": 256, "grid_cap": cap},
+                      launch={"grid_cap": cap}, timing={"median_us": us, "rel_noise": noise})
+
+    text = markdown_sections([arec("upstream", 2048, 2.1336, 0.029), arec("capped", 2048, 2.1881, 0.035),
+                              arec("legacy", None, 3.11, 0.01), arec("capped", 8192, 5.82, 0.01)])
+    row = next(line for line in text.splitlines() if line.startswith("| silu_mul_bounded | 16384 | 256 |"))
+    assert "tie: upstream, cap 2048 2.13 ± 0.06; capped, cap 2048 2.19 ± 0.08" in row
+    assert "do not say which of them is faster" in text

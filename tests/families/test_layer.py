@@ -521,3 +521,25 @@ fixed: {{tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts:
     assert [r.status for r in recs] == ["ok", "ok"], [r.error for r in recs]
     assert all(r.checks["baseline_equal"] for r in recs)
     assert recs[0].checks["rows_written"] > 0 and recs[0].checks["rows_written"] <= recs[0].checks["rows_in_use"]
+
+
+def test_in_the_layer_names_each_cap_and_calls_overlapping_fastest_a_tie():
+    """layer.md's "In the layer": a label swept over act_grid_cap names the cap, and two caps whose
+    intervals overlap are both marked **tie** (the page once marked one **fastest** at 173.71 vs 173.71)."""
+    shape = {"tokens": 256, "buffer_tokens": 256, "local_experts": 32, "op": "silu_mul_bounded"}
+
+    def r(label, cap, us, noise):
+        return Record("layer", "layer", f"{label}{cap}", "step", label, "ok",
+                      params={**shape, "act_variant": "capped", "act_grid_cap": cap},
+                      launch={"count_variant": "persistent", "count_block_size": 128, "act_variant": "capped"},
+                      timing={"median_us": us, "rel_noise": noise})
+
+    recs = [r("before", 512, 177.0, 0.0005), r("count 128, act cap", 1024, 173.71, 0.0004),
+            r("count 128, act cap", 2048, 173.72, 0.0004)]
+    md = catalogue.markdown_sections(recs)
+    assert "| count 128, act cap, act_grid_cap=1024 **tie** | 173.71 | 0.07 |" in md
+    assert "| count 128, act cap, act_grid_cap=2048 **tie** | 173.72 |" in md
+    assert "**fastest**" not in md and "do not say which of them is faster" in md
+    recs[2].timing["median_us"] = 175.0
+    md = catalogue.markdown_sections(recs)
+    assert "| count 128, act cap, act_grid_cap=1024 **fastest** |" in md and "**tie**" not in md

@@ -88,6 +88,8 @@ _SEED_CAP = 8192
 def markdown_sections(records) -> str:
     """Which geometry wins at each shape, and whether the seed's claim (cap 8192 beats the legacy
     min(M, 512) grid at decode) holds on the device these records were timed on."""
+    from moebench.core.report import TIE_NOTE, fastest, fastest_text
+
     timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
     if not timed:
         return "## Which grid wins\n\nNo timings in this run (correctness only), so no verdict on the grid."
@@ -98,13 +100,20 @@ def markdown_sections(records) -> str:
              "| op | rows M | live rows | best | best µs | legacy µs | cap 8192 µs | cap 8192 vs legacy |",
              "|---|---|---|---|---|---|---|---|"]
     verdicts = []
+    ties = False
+
+    def name(r) -> str:
+        return r.label + (f", cap {r.params['grid_cap']}" if r.params.get("grid_cap") is not None and
+                          str(r.params["grid_cap"]) not in r.label else "")
+
     for (op, m, live), rs in sorted(shapes.items()):
-        best = min(rs, key=lambda r: r.timing["median_us"])
+        top = fastest(rs)
+        best = top[0]
+        ties |= len(top) > 1
         leg = next((r for r in rs if r.variant == "legacy"), None)
         seed = next((r for r in rs if r.variant in ("capped", "shipped") and r.launch.get("grid_cap") == _SEED_CAP),
                     None)
-        name = best.label + (f", cap {best.params['grid_cap']}" if best.params.get("grid_cap") is not None and
-                             str(best.params["grid_cap"]) not in best.label else "")
+        won = fastest_text(top, name)
         ratio = ""
         if leg and seed:
             x = seed.timing["median_us"] / leg.timing["median_us"]
@@ -115,11 +124,14 @@ def markdown_sections(records) -> str:
                     f"- At the decode shape ({op}, M = {m}, {live} live rows) cap {_SEED_CAP} takes "
                     f"{seed.timing['median_us']:.2f} µs against {leg.timing['median_us']:.2f} µs for min(M, 512): "
                     f"the GB200 finding (cap 8192 beats 512 at decode) **{'holds' if holds else 'does not hold'}** "
-                    f"on this device. The fastest geometry there is {name} at {best.timing['median_us']:.2f} µs.")
-        lines.append(f"| {op} | {m} | {live} | {name} | {best.timing['median_us']:.2f} | "
-                     f"{leg.timing['median_us']:.2f} | " if leg else f"| {op} | {m} | {live} | {name} | "
+                    f"on this device. " + (f"The fastest geometry there is {won} at {best.timing['median_us']:.2f} µs." if len(top)
+                                               == 1 else f"The fastest geometries there are a {won} (µs)."))
+        lines.append(f"| {op} | {m} | {live} | {won} | {best.timing['median_us']:.2f} | "
+                     f"{leg.timing['median_us']:.2f} | " if leg else f"| {op} | {m} | {live} | {won} | "
                      f"{best.timing['median_us']:.2f} | — | ")
         lines[-1] += (f"{seed.timing['median_us']:.2f} | {ratio} |" if seed else "— | — |")
+    if ties:
+        lines += ["", f"tie: {TIE_NOTE} best µs is the least median of them."]
     lines += [""] + (verdicts or ["- No decode-shape (2048 live rows) pair of cap 8192 and legacy in this run: "
                                   "no verdict on the seed's claim."])
     return "\n".join(lines + ["", floors_and_occupancy(timed)])

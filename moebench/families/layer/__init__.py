@@ -190,6 +190,7 @@ def markdown_sections(records) -> str:
     if not timed:
         return ("## In the layer\n\nNo timings in this run (correctness only): nothing to say about what a kernel "
                 "change is worth in the step.")
+    from moebench.core.report import full_labels
     from moebench.core.text import varying
 
     keys = [k for k in varying([r.params for r in timed], list(timed[0].params))
@@ -202,22 +203,32 @@ def markdown_sections(records) -> str:
            "alone), µs per launch. Δ is against the spec's baseline launch at the same shape; per step = Δ × "
            "moe_layers / layers per launch. Floor = the local experts' weights of every layer at the DRAM copy "
            "ceiling (they do not fit in L2).", ""]
+    from moebench.core.report import TIE_NOTE, fastest
+
+    names = dict(zip(map(id, timed), full_labels(timed, [k for k in timed[0].params if k not in keys])))
+    tie = False
     for key, rs in shapes.items():
-        best = min(rs, key=lambda r: r.timing["median_us"])
+        top = fastest(rs) if len(rs) > 1 else []
+        tie |= len(top) > 1
         rows = []
         for r in rs:
             w = r.work
-            same = [q for q in rs if q.label == r.label]  # a label swept over an axis: name the value
-            extra = [k for k in varying([q.params for q in same], list(r.params)) if k not in keys]
-            name = r.label + "".join(f", {k.removeprefix('act_').removeprefix('count_')} {r.params[k]}" for k in extra)
-            mark = " **fastest**" if r is best and len(rs) > 1 else ""
-            rows.append([name + mark, f"{r.timing['median_us']:.2f}", num(w.get("delta_us"), "+.2f"),
+            mark = "" if r not in top else " **fastest**" if len(top) == 1 else " **tie**"
+            rows.append([names[id(r)] + mark, f"{r.timing['median_us']:.2f}", _pm(r), num(w.get("delta_us"), "+.2f"),
                          num(w.get("per_step_delta_us"), "+.1f"), num(w.get("floor_us")), num(w.get("x_floor")),
                          _launch_text(r)])
         out += [f"### {_shape_text(dict(zip(keys, key)), keys)}", "",
-                md_table(["configuration", "µs", "Δ vs baseline µs", "per step µs", "floor µs", "× floor", "launch"],
-                         rows), ""]
+                md_table(["configuration", "µs", "± µs", "Δ vs baseline µs", "per step µs", "floor µs", "× floor",
+                          "launch"], rows), ""]
+    if tie:
+        out += [f"**tie**: {TIE_NOTE} ± µs: the ~95% half-width of the median.", ""]
     return "\n".join(out)
+
+
+def _pm(r) -> str:
+    from moebench.core.report import half_width
+
+    return f"{half_width(r):.2f}" if r.timing.get("rel_noise") is not None else "—"
 
 
 def _launch_text(r) -> str:
@@ -294,6 +305,13 @@ def conversions(records) -> list[Conversion]:
     return list(out.values())
 
 
+# What the separation cells of an A/B say (moebench.analysis.ab.separation_cell), in µs per launch.
+SEPARATION_LEGEND = ("Separation: \"every ON < every OFF (margin m)\": the slowest ON measurement beats the fastest OFF "
+                     "one by m; \"every ON > every OFF (by m)\": the fastest OFF measurement beats the slowest ON one "
+                     "by m; \"overlap (m)\": the slowest ON measurement is m slower than the fastest OFF one, so the "
+                     "two sides' measurements interleave and the Δ is not separated from the noise.")
+
+
 def conversion_section(records) -> str:
     """What an `ab` run over the scopes says: per shape, the kernel's isolated saving, the saving
     in a one-layer step, their ratio (the conversion), and the saving of a many-layer graph
@@ -324,8 +342,8 @@ def conversion_section(records) -> str:
            "Isolated = the kernel alone on the layer's own tensors (same shapes, same data, same graph timer); "
            "in-layer = one whole layer step; conversion = in-layer Δ / isolated Δ (1.00: the whole saving "
            "survives in the step). The N-layer graph's Δ is read against N × the isolated Δ (the seeds' "
-           "projection) and N × the one-layer Δ. µs per launch, mean over the A/B iterations, ON − OFF; "
-           "separation as in the A/B table.", "",
+           "projection) and N × the one-layer Δ. µs per launch, mean over the A/B iterations, ON − OFF. "
+           + SEPARATION_LEGEND, "",
            md_table(["case", "isolated Δ µs", "1-layer step OFF → ON µs", "in-layer Δ µs", "conversion",
                      "N × isolated Δ µs", "N-layer graph Δ µs", "vs N × isolated", "vs N × 1-layer"], rows)]
     if notes:
