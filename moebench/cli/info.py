@@ -67,7 +67,8 @@ def list_(
     else:  # a pipe: an indented listing, wrapped, nothing cut
         con.print(_listing(rows), soft_wrap=True, highlight=False)
     for name, why in broken().items():  # a family or installed plugin that failed: listed, not used
-        con.print(f"{name}: BROKEN: {why}", markup=False, highlight=False, style="bold red" if con is out else None)
+        con.print(f"{name}: BROKEN: {why}", markup=False, highlight=False, soft_wrap=True,
+                  style="bold red" if con is out else None)
     statuses = [upstream.status(name) for name in upstream.KERNELS]
     if not any(st.present for st in statuses):  # one reason for all: say it once
         con.print(f"Upstream kernels ({', '.join(st.attr for st in statuses)}): none found: {statuses[0].why}",
