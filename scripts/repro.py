@@ -370,10 +370,14 @@ def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model
 
 
 def _in_force(r: Run) -> str:
-    """The run-to-run term a run stated: its model's file, or the default."""
+    """The run-to-run term a run stated: its model's file, or the default (its records' rerun_rel)."""
     if r.model_path:
         return f"measured: {r.model_path}"
-    return N.default_text(float((r.prov.get("timing") or {}).get("rerun_rel") or 0))
+    terms = {x.timing.get("rerun_rel") for x in r.by_case.values()} - {None}
+    floor = (r.prov.get("timing") or {}).get("rerun_rel")
+    if floor is None and len(terms) == 1:
+        floor = terms.pop()
+    return N.default_text(float(floor)) if floor is not None else "none stated"
 
 
 def _sha(runs: list[Run], name: str) -> str:

@@ -5,8 +5,9 @@ added in quadrature. That term cannot be sampled inside one process: on an H200 
 moved by up to 17% between fresh processes while every placement group of each run agreed within
 ~0.5% (results/h200/TIMER.md, "Between processes"). So it is measured: N fresh-process runs of a
 sweep (scripts/repro.py run), and per case the half-width a single run must add so that any two of
-those runs agree within sqrt(ha² + hb²) (`calibrate`). The result is a small JSON file per sweep
-and device, e.g. results/h200/noise/count-block.json:
+those runs agree within sqrt(ha² + hb²) and `compare` calls none of their differences SLOWER
+(`calibrate`: (max - min) / min / sqrt(2), floored at timing.rerun_rel). The result is a small JSON
+file per sweep and device, e.g. results/h200/noise/count-block.json:
 
     {"device": "NVIDIA H200", "sweep": "count-block", "commit": "...", "runs": 6,
      "method": {timing settings of the runs}, "floor": 0.005, "calibrated_on": [{"file", "sha256"}],
@@ -246,19 +247,20 @@ def for_timer(timing, device) -> NoiseChoice:
 
 
 def pair_term(values: Sequence[float]) -> float:
-    """The relative half-width each run must state so that any two agree within sqrt(ha² + hb²):
-    max over pairs |mi - mj| / mean / sqrt(2)."""
-    if len(values) < 2:
+    """The relative half-width each run must state so that any two agree: (max - min) / min / sqrt(2),
+    rounded up to 5 decimals (as records state it). Relative to the smaller value, not the mean, so
+    that both tests hold for every pair i, j with h = median x term: |mi - mj| <= sqrt(hi² + hj²)
+    (the coverage of the intervals), and |mi - mj| / base <= sqrt(2) x term (compare's noise with
+    either run as BASE), so the gate cannot call a change within the measured spread SLOWER."""
+    if len(values) < 2 or min(values) <= 0:
         return 0.0
-    mean = sum(values) / len(values)
-    worst = max(abs(a - b) for a, b in combinations(values, 2))
-    return worst / mean / math.sqrt(2) if mean > 0 else 0.0
+    return math.ceil((max(values) - min(values)) / min(values) / math.sqrt(2) * 1e5) / 1e5
 
 
 def calibrate(runs: Sequence[tuple[str, str, dict, list]], *, floor: float | None = None) -> dict:
     """A noise model document from N >= 2 runs of one sweep on one device: `runs` is
     (name, sha256, provenance, records) per run. Per case timed in at least two runs: spread_rel =
-    (max - min) / min, rerun_rel = max(floor, pair_term). `floor`: default the runs' timing.rerun_rel."""
+    (max - min) / min, rerun_rel = max(floor, pair_term) = max(floor, spread_rel / sqrt(2)). `floor`: default the runs' timing.rerun_rel."""
     if len(runs) < 2:
         raise UsageError(f"calibrate: {len(runs)} run(s) of this sweep; at least 2 are needed")
     provs = [p for _, _, p, _ in runs]
@@ -285,12 +287,12 @@ def calibrate(runs: Sequence[tuple[str, str, dict, list]], *, floor: float | Non
         r = first[cid]
         cases[cid] = {"label": r.label, "params": {k: v for k, v in r.params.items() if v is not None},
                       "runs": len(vs), "spread_rel": round((max(vs) - min(vs)) / min(vs), 5),
-                      "rerun_rel": round(max(floor, pair_term(vs)), 5)}
+                      "rerun_rel": max(floor, pair_term(vs))}
     commits = sorted({str(p.get("git_commit")) for p in provs})
     return {"device": devices.pop(), "sweep": sweeps.pop(), "commit": commits[0] if len(commits) == 1 else None,
             "commits": commits, "runs": len(runs),
             "method": {k: v for k, v in timing.items() if k != "noise"}, "floor": floor,
-            "rule": "rerun_rel = max(floor, max over run pairs |mi - mj| / mean / sqrt(2))",
+            "rule": "rerun_rel = max(floor, (max - min) / min / sqrt(2)) over the runs' medians",
             "calibrated_on": [{"file": n, "sha256": s} for n, s, _, _ in runs],
             "cases": dict(sorted(cases.items()))}
 
