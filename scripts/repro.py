@@ -75,13 +75,14 @@ def run(n: int, sweeps: list[str], out: Path, extra: list[str], *, python: str =
                 "extra_args": extra, "runs": []}
     for sweep in sweeps:
         for k in range(1, n + 1):
-            for old in work.glob(f"*/{sweep}.*"):  # a fresh output: no stream of the previous run to resume
+            stems = (sweep, f"{sweep}-quick")  # the file `sweep` writes, without and with --quick
+            for old in [q for st in stems for q in work.glob(f"*/{st}.*")]:  # no stream of a previous run
                 old.unlink()
             cmd = [python, "-m", "moebench", "sweep", sweep, "--out", str(work), "--format", "json", *extra]
             t0 = time.perf_counter()
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             wall = time.perf_counter() - t0
-            made = sorted(work.glob(f"*/{sweep}.json"))
+            made = sorted(q for st in stems for q in work.glob(f"*/{st}.json"))
             entry = {"sweep": sweep, "run": k, "exit_code": p.returncode, "wall_s": round(wall, 2),
                      "command": " ".join(["moebench"] + cmd[3:])}
             if made:

@@ -288,6 +288,9 @@ def calibrate(runs: Sequence[tuple[str, str, dict, list]], *, floor: float | Non
         cases[cid] = {"label": r.label, "params": {k: v for k, v in r.params.items() if v is not None},
                       "runs": len(vs), "spread_rel": round((max(vs) - min(vs)) / min(vs), 5),
                       "rerun_rel": max(floor, pair_term(vs))}
+    if not cases:
+        raise UsageError(f"calibrate: no case of {sorted(map(str, sweeps))[0]} was timed in two runs (runs without "
+                         "a GPU time nothing)")
     commits = sorted({str(p.get("git_commit")) for p in provs})
     return {"device": devices.pop(), "sweep": sweeps.pop(), "commit": commits[0] if len(commits) == 1 else None,
             "commits": commits, "runs": len(runs),

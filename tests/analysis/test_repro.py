@@ -143,3 +143,8 @@ def test_run_moves_each_fresh_process_result_and_records_its_wall(tmp_path, repr
                                             + " --format json --quick")
     assert json.loads((tmp_path / "d" / "repro.json").read_text())["runs"] == m["runs"]
     assert not list((tmp_path / "d" / "_out").glob("*/count-block.json"))
+    # with --quick the sweep writes <sweep>-quick.json: found as well
+    fake.write_text("#!/bin/sh\n"
+                    "out=$6; mkdir -p $out/h200; cp " + str(SRC) + " $out/h200/$4-quick.json\n")
+    m = repro.run(1, ["count-block"], tmp_path / "q", ["--quick"], python=str(fake), log=lambda s: None)
+    assert m["runs"][0]["file"] == "count-block-run1.json" and (tmp_path / "q" / "count-block-run1.json").exists()

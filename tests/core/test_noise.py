@@ -215,6 +215,8 @@ def test_calibrate_refuses_one_run_or_mixed_devices():
     runs[1] = (runs[1][0], runs[1][1], {**runs[1][2], "device": {"name": "other"}}, runs[1][3])
     with pytest.raises(UsageError, match="mix devices"):
         N.calibrate(runs)
+    with pytest.raises(UsageError, match="was timed in two runs"):  # interpreter runs: nothing timed
+        N.calibrate(_runs([{"a": None}, {"a": None}]))
 
 
 def test_a_calibrated_model_reads_back(tmp_path):
