@@ -247,3 +247,21 @@ def test_a_quick_interpreter_sweep_page_says_which_noise_model(tmp_path, capsys)
     assert code == 0, err
     prov, _ = load_results(next(tmp_path.glob("*/count-block-quick.json")))
     assert prov["timing"]["noise"] == "none" and "noise_model" not in prov
+
+
+def test_the_sweep_page_header_names_the_timer_and_the_noise_model():
+    from moebench.core.report import sweep_markdown
+
+    prov, recs = load_results(PACKAGE_ROOT / "results" / "h200" / "count-block.json")
+    for r in recs:
+        r.timing["noise_model"] = "measured: results/h200/noise/count-block.json (6 runs, abc)"
+    recs[0].timing["noise_model"] = "default 0.5% (case not in results/h200/noise/count-block.json)"
+    prov["timing"]["rerun_rel"] = 0.005
+    prov["noise_model"] = {"setting": "auto", "path": "results/h200/noise/count-block.json", "sha256": "ab" * 32,
+                           "applied": "measured: results/h200/noise/count-block.json (6 runs, abc)"}
+    md = sweep_markdown(load_spec("count-block"), recs, prov)
+    lines = md.splitlines()
+    i = next(k for k, x in enumerate(lines) if x.startswith("- Timer: CUDA-graph replay"))
+    assert lines[i + 1].startswith("- Noise model: measured: results/h200/noise/count-block.json (6 runs, abc), "
+                                   "sha256 abababababab")
+    assert f"1 of {len(recs)} cases are not in it" in lines[i + 1]
