@@ -34,7 +34,7 @@ class Plan:
 
 
 def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | None, shard: str | None,
-         timing: str | None = None) -> Plan:
+         timing: str | None = None, noise: str | None = None) -> Plan:
     from moebench.core.cases import expand, varying_params
     from moebench.core.spec import apply_timing_overrides, load_spec
 
@@ -45,6 +45,12 @@ def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | No
         spec.timing.l2 = l2
     if timing:
         apply_timing_overrides(spec.timing, timing)
+    if noise is not None:
+        from moebench.core.noise import setting_problem
+
+        if setting_problem(noise):
+            raise UsageError(f"--noise: {setting_problem(noise)}")
+        spec.timing.noise = noise
     cases = expand(spec, quick=quick, verify=verify, force=force)
     vary = varying_params(cases)
     shard_of = None
@@ -114,6 +120,12 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     select(cross, backend=device.backend, timed=timed, workers=bool(gpus))  # a pass that cannot run here: exit 2
     environ = dict(os.environ)  # the run's environment, handed down; read once
     check_environment(spec, p.cases, device, environ)  # kill-switch variables: exit 2 before any case
+    if time_it:  # the measured run-to-run term (moebench.core.noise); a malformed model: exit 2 here
+        from moebench.core.noise import apply as apply_noise
+
+        chosen = apply_noise(spec, device)
+        if timed and chosen.note:
+            err.print(f"note: noise model: {chosen.note}", markup=False, highlight=False, soft_wrap=True)
     stem = result_stem(spec.name, quick=p.quick, verify=p.verify)
     if p.shard is not None:
         from moebench.parallel.shards import shard_stem
@@ -137,6 +149,8 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         settings = run_settings(spec, device, timed=timed, cross=cross, environ=environ)
         extra = {"cross_checks": list(cross), "timed": timed, "n_cases": len(p.cases),
                  "shard": list(p.shard) if p.shard else None, "settings": settings}
+        if timed:
+            extra["noise_model"] = chosen.provenance()
         if any(spec.family.variants[c.variant].source == "upstream" for c in p.cases):
             from moebench.sources import upstream
 
@@ -268,12 +282,16 @@ def sweep(
     case_limit: float = CASE_LIMIT_OPT,
     timing: Optional[str] = typer.Option(None, "--timing", help="Override timer settings of the spec, e.g. "
                                          "groups=4,placement_memory=private (the keys of a spec's timing: block)."),
+    noise: Optional[str] = typer.Option(None, "--noise", help="The run-to-run term of the stated intervals: auto "
+                                        "(default: results/<device>/noise/<sweep>.json of the repository, when "
+                                        "measured on this GPU), none (timing.rerun_rel only), or a noise model "
+                                        "file (scripts/repro.py calibrate)."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Run a sweep: verify every case, time it under CUDA-graph replay, write tables."""
     use_sources(plugin, megatron_lm, interpret=interpret if not dry_run else None)
-    p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard, timing=timing)
+    p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard, timing=timing, noise=noise)
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from moebench.core.device import nvml_clocks
+from moebench.core.noise import NoiseChoice, for_timer
 from moebench.core.records import Record
 from moebench.core.stats import between_groups_rel, mean, median, noise_below, summarize
 
@@ -129,7 +130,8 @@ class Timed:
 
 class Timer:
     """Times one case's launch closures under CUDA-graph replay (moebench.core.timing.time_groups)
-    and writes the record's `timing`: the estimate, its noise, the clocks, the L2 note.
+    and writes the record's `timing`: the estimate, its noise, the clocks, the L2 note. The stated
+    half-width adds the run-to-run term of the noise model in force (timing.noise) in quadrature.
 
     `time_groups`, `clocks` (NVML's SM clock of GPU `clock_index`) and `sleep` are injected; the
     defaults are the real ones."""
@@ -143,6 +145,13 @@ class Timer:
         self._time_groups = time_groups
         self.clocks = clocks
         self.sleep = sleep
+        self._noise: NoiseChoice | None = None
+
+    def noise(self) -> NoiseChoice:
+        """The noise model in force (timing.noise, resolved once: moebench.core.noise.for_timer)."""
+        if self._noise is None:
+            self._noise = for_timer(self.timing, getattr(self.placements, "device", None))
+        return self._noise
 
     def time(self, case, rec: Record, builts: list, *, launches_per_graph: int, rebuild=None,
              sets: list | None = None, held: list | None = None, keep_graphs: bool = False,
@@ -202,12 +211,15 @@ class Timer:
             meds = [median(g) for g in samples.groups]
             between = between_groups_rel(meds)
             estimate, rel_noise = mean(meds), max(between, s.rel_noise)
-        within, rel_noise = rel_noise, math.hypot(rel_noise, t.rerun_rel)
+        # the run-to-run term: the measured model's for this case when one is in force (never below
+        # timing.rerun_rel), else timing.rerun_rel (moebench.core.noise)
+        rerun, which = self.noise().term(getattr(case, "id", None), t.rerun_rel)
+        within, rel_noise = rel_noise, math.hypot(rel_noise, rerun)
         rec.timing.update({
             "median_us": round(estimate, 4),
             "min_us": round(s.min_us, 4), "max_us": round(s.max_us, 4), "q1_us": round(s.q1_us, 4),
             "q3_us": round(s.q3_us, 4), "iqr_us": round(s.iqr_us, 4), "rel_noise": round(rel_noise, 5),
-            "rel_noise_within": round(within, 5), "rerun_rel": t.rerun_rel,
+            "rel_noise_within": round(within, 5), "rerun_rel": round(rerun, 5), "noise_model": which,
             "n_replays": s.n, "launches_per_graph": samples.launches_per_graph,
             "stopped_by": samples.stopped_by, "timing_wall_s": round(samples.wall_s, 3),
             "sm_clock_start_mhz": clk0["sm_mhz"], "sm_clock_end_mhz": clk1["sm_mhz"],

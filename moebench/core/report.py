@@ -262,6 +262,9 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
         t = prov.get("timing", {})
         noise = [r.timing.get("rel_noise", 0) for r in timed]
         out.append(f"- Timer: {timer_text(t)}; worst achieved ±{100 * max(noise):.2f}%.")
+        from moebench.core.noise import page_line
+
+        out.append(page_line(prov, timed))
         if c:
             out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "
                        f"{c.get('copy_l2_gbps', 0):,.0f} GB/s L2-resident (bytes read + written); empty kernel "

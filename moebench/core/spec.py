@@ -76,6 +76,7 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "rerun_rel": (float, 0.0, 1.0),
     "groups_rel_noise": (float, 0.0, 1.0),
     "placement_stride": (int, 0, 1 << 20),
+    "noise": (str, None, None),
 }
 L2_MODES = ("warm", "cold")
 PLACEMENT_MEMORY = ("caching", "private")
@@ -134,6 +135,12 @@ class Timing:
     # own placement groups agreed within 0.1% (results/h200/TIMER.md); 0.5% made 95-100% of the
     # run pairs agree within their stated intervals there, against 76-88% without it.
     rerun_rel: float = 0.005
+    # The measured between-process term (issue 23): `auto` uses results/<device>/noise/<sweep>.json
+    # of the repository when it exists and was measured on this GPU, `none` never a model, else the
+    # path of a model (scripts/repro.py calibrate). With a model, a case adds the larger of rerun_rel
+    # and its measured half-width: on an H200 fresh processes differed by up to 17% at a few count
+    # cases while every run's own placement groups agreed within 0.5% (moebench.core.noise).
+    noise: str = "auto"
     # The defaults above (8 sets x 8 copies in private memory with strata, 4 groups grown up to
     # 16, a 0.5% run-to-run component) are the method of results/h200/TIMER.md (2026-11-30): over
     # six back-to-back runs on one H200 every case of count-block stayed within 0.94% and of
@@ -708,6 +715,10 @@ def load_spec(name_or_path: str) -> Spec:
 def timing_problem(key: str, v: Any) -> str | None:
     """What is wrong with timing setting `key` = `v` (a YAML value), or None."""
     typ, lo, hi = TIMING_KEYS[key]
+    if key == "noise":
+        from moebench.core.noise import setting_problem
+
+        return setting_problem(v)
     if typ is str:
         choices = TIMING_CHOICES[key]
         if not isinstance(v, str) or v not in choices:

@@ -1,0 +1,325 @@
+"""The device noise model: the between-process term of a case's stated interval, measured.
+
+A run's stated 95% half-width (timing.rel_noise) is its within-run interval with a run-to-run term
+added in quadrature. That term cannot be sampled inside one process: on an H200 a case's value
+moved by up to 17% between fresh processes while every placement group of each run agreed within
+~0.5% (results/h200/TIMER.md, "Between processes"). So it is measured: N fresh-process runs of a
+sweep (scripts/repro.py run), and per case the half-width a single run must add so that any two of
+those runs agree within sqrt(ha² + hb²) and `compare` calls none of their differences SLOWER
+(`calibrate`: (max - min) / min / sqrt(2), floored at timing.rerun_rel). The result is a small JSON
+file per sweep and device, e.g. results/h200/noise/count-block.json:
+
+    {"device": "NVIDIA H200", "sweep": "count-block", "commit": "...", "runs": 6,
+     "method": {timing settings of the runs}, "floor": 0.005, "calibrated_on": [{"file", "sha256"}],
+     "cases": {case_id: {"label", "params", "spread_rel", "rerun_rel"}}}
+
+The timer adds max(timing.rerun_rel, the case's rerun_rel) when a model is in force
+(`NoiseModel.term`). Which model a run uses is the timing setting `noise`: `auto` (the default:
+results/<device-slug>/noise/<sweep>.json under the repository root, when it exists and was measured
+on this GPU), `none`, or a path. The file is data: only its numbers are read; a malformed one is a
+one-line error (exit 2).
+
+No torch import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Sequence
+
+from moebench.errors import SpecError, UsageError
+
+SETTINGS = ("auto", "none")
+# a model is a few KB per hundred cases; anything this big is the wrong file
+MAX_MODEL_BYTES = 4 * 2**20
+
+
+def default_text(floor: float) -> str:
+    return f"default {100 * floor:.1f}%"
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """A measured model, as read: per case id its between-process half-width (relative)."""
+
+    path: str  # as shown in records and pages (repository-relative when it lies in the repository)
+    sha256: str
+    device: str
+    runs: int
+    commit: str | None
+    sweep: str | None
+    cases: dict[str, float]
+    method: dict = field(default_factory=dict, compare=False)
+
+    def describe(self) -> str:
+        return f"measured: {self.path} ({self.runs} runs, {(self.commit or 'commit unknown')[:12]})"
+
+    def term(self, case_id: str, floor: float) -> tuple[float, str]:
+        """(the run-to-run half-width to add for this case, which one it is)."""
+        v = self.cases.get(case_id)
+        if v is None:
+            return floor, f"{default_text(floor)} (case not in {self.path})"
+        return max(floor, v), self.describe()
+
+
+@dataclass(frozen=True)
+class NoiseChoice:
+    """What a run's `noise` setting resolved to: a model or none, and a note for the user."""
+
+    setting: str
+    model: NoiseModel | None = None
+    note: str = ""
+
+    def term(self, case_id: str, floor: float) -> tuple[float, str]:
+        if self.model is None:
+            return floor, default_text(floor)
+        return self.model.term(case_id, floor)
+
+    def provenance(self) -> dict:
+        m = self.model
+        d: dict[str, Any] = {"setting": self.setting, "path": None}
+        if m is not None:
+            d.update(path=m.path, sha256=m.sha256, device=m.device, runs=m.runs, commit=m.commit,
+                     cases=len(m.cases), applied=m.describe())
+        else:
+            d["applied"] = "default (timing.rerun_rel)"
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+# ----------------------------------------------------------------------------------- reading
+
+
+def setting_problem(v: Any) -> str | None:
+    """What is wrong with a `timing.noise` value, or None."""
+    if not isinstance(v, str) or not v.strip():
+        return f"expected auto, none or the path of a noise model (.json), got {v!r}"
+    return None
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _number(v: Any, path: Path, key: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise SpecError(path, key, f"expected a number between {lo:g} and {hi:g}, got {json.dumps(v)[:40]}")
+    return float(v)
+
+
+def load(path: Path, root: Path | None = None) -> NoiseModel:
+    """Read a noise model file. Numbers and names only; anything else is a SpecError (exit 2)."""
+    from moebench.core.spec import PACKAGE_ROOT
+
+    root = root or PACKAGE_ROOT
+    try:
+        if not path.is_file():
+            raise SpecError(path, "", "no such noise model file" if not path.exists() else "not a file")
+        if path.stat().st_size > MAX_MODEL_BYTES:
+            raise SpecError(path, "", f"{path.stat().st_size} bytes is too large for a noise model")
+        data = path.read_bytes()
+    except OSError as e:
+        raise SpecError(path, "", f"cannot read: {e.strerror or e}") from None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise SpecError(path, "", f"not a noise model (JSON: {str(e).splitlines()[0][:80]})") from None
+    if not isinstance(doc, dict):
+        raise SpecError(path, "", "not a noise model: expected an object with device, runs and cases")
+    dev = doc.get("device")
+    if not isinstance(dev, str) or not dev:
+        raise SpecError(path, "device", f"expected the GPU's name, got {json.dumps(dev)[:40]}")
+    runs = doc.get("runs")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+        raise SpecError(path, "runs", f"expected the number of runs (>= 2), got {json.dumps(runs)[:40]}")
+    commit, sweep = doc.get("commit"), doc.get("sweep")
+    for k, v in (("commit", commit), ("sweep", sweep)):
+        if v is not None and not isinstance(v, str):
+            raise SpecError(path, k, f"expected a string, got {json.dumps(v)[:40]}")
+    cases = doc.get("cases")
+    if not isinstance(cases, dict):
+        raise SpecError(path, "cases", "expected an object {case_id: {rerun_rel: number, ...}}")
+    terms = {}
+    for cid, c in cases.items():
+        if not isinstance(c, dict):
+            raise SpecError(path, f"cases.{cid}", "expected an object with rerun_rel")
+        terms[str(cid)] = _number(c.get("rerun_rel"), path, f"cases.{cid}.rerun_rel", 0.0, 1.0)
+    method = doc.get("method") if isinstance(doc.get("method"), dict) else {}
+    return NoiseModel(_shown(path, root), hashlib.sha256(data).hexdigest(), dev, runs, commit, sweep, terms,
+                      {k: v for k, v in method.items() if isinstance(v, (int, float, str))})
+
+
+def auto_path(sweep: str, device_slug: str, root: Path | None = None) -> Path:
+    from moebench.core.spec import PACKAGE_ROOT
+
+    return (root or PACKAGE_ROOT) / "results" / device_slug / "noise" / f"{sweep}.json"
+
+
+def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: str, timing=None,
+            root: Path | None = None) -> NoiseChoice:
+    """The model a run uses. `auto`: auto_path when it exists and was measured on `device_name`
+    (another device's model is ignored, with a note); `none`: no model; else a path (relative to
+    the working directory, then the repository root), used even when made on another device (noted).
+    `timing`: the run's settings, to note a model made under other timing settings."""
+    from moebench.core.spec import PACKAGE_ROOT
+
+    root = root or PACKAGE_ROOT
+    if setting == "none":
+        return NoiseChoice(setting)
+    if setting == "auto":
+        if not sweep:
+            return NoiseChoice(setting, note="timing.noise auto: no sweep name to look a model up by")
+        p = auto_path(sweep, device_slug, root)
+        if not p.exists():
+            return NoiseChoice(setting)
+        m = load(p, root)
+        if m.device != device_name:
+            return NoiseChoice(setting, note=f"{m.path} was measured on {m.device}, not {device_name}: ignored "
+                                             "(the default run-to-run term applies)")
+        return NoiseChoice(setting, m, _method_note(m, timing))
+    p = Path(setting).expanduser()
+    if not p.is_absolute() and not p.exists() and (root / p).exists():
+        p = root / p
+    if not p.exists():
+        raise UsageError(f"timing.noise: {setting}: no such noise model file (expected auto, none or a path)")
+    m = load(p, root)
+    note = _method_note(m, timing)
+    if m.device != device_name:
+        note = f"{m.path} was measured on {m.device}, not {device_name}; used as asked" + (f"; {note}" if note else "")
+    return NoiseChoice(setting, m, note)
+
+
+def _method_note(m: NoiseModel, timing) -> str:
+    if timing is None or not m.method:
+        return ""
+    from dataclasses import asdict
+
+    now = asdict(timing)
+    diff = sorted(k for k, v in m.method.items() if k != "noise" and k in now and now[k] != v)
+    return (f"{m.path} was measured under other timing settings ({', '.join(diff)})") if diff else ""
+
+
+# The resolved choice rides on the Timing object (an attribute, not a dataclass field: the setting
+# `noise` is what resume keys and provenance.timing record; the model's file and hash are recorded
+# in provenance.noise_model). It pickles with the Timing to per-GPU workers.
+_ATTR = "_noise_choice"
+
+
+def bind(timing, choice: NoiseChoice) -> NoiseChoice:
+    setattr(timing, _ATTR, choice)
+    return choice
+
+
+def bound(timing) -> NoiseChoice | None:
+    c = getattr(timing, _ATTR, None)
+    return c if isinstance(c, NoiseChoice) and c.setting == getattr(timing, "noise", "auto") else None
+
+
+def apply(spec, device) -> NoiseChoice:
+    """Resolve the spec's timing.noise for `device` and bind it to spec.timing (what the Timer reads)."""
+    return bind(spec.timing, resolve(spec.timing.noise, sweep=spec.name, device_name=device.name,
+                                     device_slug=device.slug, timing=spec.timing))
+
+
+def for_timer(timing, device) -> NoiseChoice:
+    """The choice a Timer uses: the bound one; else an explicit path (or none) resolved here; else
+    (auto, unbound: a command that did not resolve it) no model."""
+    c = bound(timing)
+    if c is not None:
+        return c
+    setting = getattr(timing, "noise", "auto")
+    if setting == "auto" or device is None:
+        return NoiseChoice(setting, note="auto: not resolved by this command" if setting == "auto" else "")
+    return bind(timing, resolve(setting, sweep=None, device_name=device.name, device_slug=device.slug,
+                                timing=timing))
+
+
+# ----------------------------------------------------------------------------------- measuring
+
+
+def pair_term(values: Sequence[float]) -> float:
+    """The relative half-width each run must state so that any two agree: (max - min) / min / sqrt(2),
+    rounded up to 5 decimals (as records state it). Relative to the smaller value, not the mean, so
+    that both tests hold for every pair i, j with h = median x term: |mi - mj| <= sqrt(hi² + hj²)
+    (the coverage of the intervals), and |mi - mj| / base <= sqrt(2) x term (compare's noise with
+    either run as BASE), so the gate cannot call a change within the measured spread SLOWER."""
+    if len(values) < 2 or min(values) <= 0:
+        return 0.0
+    return math.ceil((max(values) - min(values)) / min(values) / math.sqrt(2) * 1e5) / 1e5
+
+
+def calibrate(runs: Sequence[tuple[str, str, dict, list]], *, floor: float | None = None) -> dict:
+    """A noise model document from N >= 2 runs of one sweep on one device: `runs` is
+    (name, sha256, provenance, records) per run. Per case timed in at least two runs: spread_rel =
+    (max - min) / min, rerun_rel = max(floor, pair_term) = max(floor, spread_rel / sqrt(2)). `floor`: default the runs' timing.rerun_rel."""
+    if len(runs) < 2:
+        raise UsageError(f"calibrate: {len(runs)} run(s) of this sweep; at least 2 are needed")
+    provs = [p for _, _, p, _ in runs]
+    devices = {(p.get("device") or {}).get("name") for p in provs}
+    sweeps = {p.get("sweep") for p in provs}
+    if len(devices) != 1 or len(sweeps) != 1:
+        raise UsageError(f"calibrate: the runs mix devices {sorted(map(str, devices))} or sweeps "
+                         f"{sorted(map(str, sweeps))}; a model is per sweep and device")
+    timing = provs[0].get("timing") or {}
+    if floor is None:
+        floor = float(timing.get("rerun_rel") or 0.005)
+    values: dict[str, list[float]] = {}
+    first: dict[str, Any] = {}
+    for _, _, _, recs in runs:
+        for r in recs:
+            m = r.timing.get("median_us") if r.status == "ok" else None
+            if isinstance(m, (int, float)) and m > 0:
+                values.setdefault(r.case_id, []).append(float(m))
+                first.setdefault(r.case_id, r)
+    cases = {}
+    for cid, vs in values.items():
+        if len(vs) < 2:
+            continue
+        r = first[cid]
+        cases[cid] = {"label": r.label, "params": {k: v for k, v in r.params.items() if v is not None},
+                      "runs": len(vs), "spread_rel": round((max(vs) - min(vs)) / min(vs), 5),
+                      "rerun_rel": max(floor, pair_term(vs))}
+    if not cases:
+        raise UsageError(f"calibrate: no case of {sorted(map(str, sweeps))[0]} was timed in two runs (runs without "
+                         "a GPU time nothing)")
+    commits = sorted({str(p.get("git_commit")) for p in provs})
+    return {"device": devices.pop(), "sweep": sweeps.pop(), "commit": commits[0] if len(commits) == 1 else None,
+            "commits": commits, "runs": len(runs),
+            "method": {k: v for k, v in timing.items() if k != "noise"}, "floor": floor,
+            "rule": "rerun_rel = max(floor, (max - min) / min / sqrt(2)) over the runs' medians",
+            "calibrated_on": [{"file": n, "sha256": s} for n, s, _, _ in runs],
+            "cases": dict(sorted(cases.items()))}
+
+
+def page_line(prov: dict, records: list) -> str | None:
+    """The sweep page's line on the run-to-run term: the model (file, runs, commit) or the default,
+    and how many cases the model did not cover. None for a run that was not timed."""
+    timed = [r for r in records if r.timing.get("median_us") is not None]
+    if not timed:
+        return None
+    nm = prov.get("noise_model")
+    floor = (prov.get("timing") or {}).get("rerun_rel") or 0
+    if not isinstance(nm, dict):
+        return (f"- Noise model: none recorded (made before measured models): a {100 * floor:.1f}% run-to-run term"
+                if floor else "- Noise model: none recorded; no run-to-run term")
+    if not nm.get("path"):
+        why = f" ({nm['note']})" if nm.get("note") else ""
+        return (f"- Noise model: {default_text(floor)} run-to-run term (timing.noise {nm.get('setting')}: no measured "
+                f"model{why})")
+    missing = sum(1 for r in timed if "case not in" in str(r.timing.get("noise_model", "")))
+    line = (f"- Noise model: {nm.get('applied')}, sha256 {str(nm.get('sha256'))[:12]}: per case the larger of "
+            f"{100 * floor:.1f}% and its measured between-process half-width, in quadrature")
+    if missing:
+        line += f"; {missing} of {len(timed)} cases are not in it and carry the {default_text(floor)} term"
+    if nm.get("note"):
+        line += f" ({nm['note']})"
+    return line

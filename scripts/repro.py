@@ -1,0 +1,451 @@
+"""A reproducibility study anyone can re-run (issue 23, item 5): N fresh-process sweeps, the noise
+model they measure, and how well the stated intervals and the `compare` gate hold between them.
+
+    python scripts/repro.py run --n 6 --sweeps count-block,act-grid --out DIR [-- extra sweep args]
+        N fresh-process runs of each sweep, back to back (`moebench sweep NAME --format json`, one
+        process each): DIR/<sweep>-run<k>.json, and DIR/repro.json with the wall time of every run,
+        its exit code, the host and the GPUs (nvidia-smi -L) the call ran on.
+    python scripts/repro.py calibrate DIR... -o results/h200/noise/
+        The noise model of every sweep in DIR... (moebench.core.noise.calibrate): per case the
+        half-width a single run must add so that any two of these runs agree within sqrt(ha² + hb²).
+    python scripts/repro.py report DIR... [--noise results/h200/noise] -o FILE.md
+        Per sweep: the runs (call, host, wall, share of the wall spent replaying, noise model in
+        force, calibration or validation run), the per-case spread across all runs against the
+        targets (every case within 3%, goal 1.5%), the coverage of every run pair by the intervals
+        each run stated (and, with --noise, by the intervals re-stated with the model for runs made
+        without it), the verdict of `moebench compare --fail-on-regression` between every pair (the
+        real CLI, in a subprocess), and with DIRs from two device calls the spread between calls.
+
+Each DIR is one device call. The model is measured on runs; a run it was calibrated on is
+in-sample (its pairs agree nearly by construction): the report marks every run as calibration or
+validation by the sha256 of its file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from moebench.analysis.timer_report import covered, spread_pct  # noqa: E402
+from moebench.core import noise as N  # noqa: E402
+from moebench.core.records import Record, load_results  # noqa: E402
+
+TARGET_PCT, GOAL_PCT = 3.0, 1.5  # issue 23: every case within 3% across fresh processes (goal 1.5%)
+COVER_TARGET = 0.95  # at least 95% of run pairs inside their stated intervals
+RUN_RE = re.compile(r"(?P<sweep>.+)-run(?P<k>\d+)\.json$")
+
+
+# ----------------------------------------------------------------------------------- run
+
+
+def _gpus() -> list[str]:
+    try:
+        p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return [x.strip() for x in p.stdout.splitlines() if x.strip()] if p.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def replay_seconds(records: list[Record]) -> float:
+    """The seconds a run spent replaying graphs: the sum of its records' timing.timing_wall_s."""
+    return sum(float(r.timing.get("timing_wall_s") or 0) for r in records)
+
+
+def run(n: int, sweeps: list[str], out: Path, extra: list[str], *, python: str = sys.executable,
+        log=print) -> dict:
+    """N fresh processes per sweep, one after the other; returns (and writes) DIR/repro.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "_out"  # the sweeps' own output root: the device ceilings are measured once and cached there
+    manifest = {"host": socket.gethostname(), "gpus": _gpus(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "extra_args": extra, "runs": []}
+    for sweep in sweeps:
+        for k in range(1, n + 1):
+            stems = (sweep, f"{sweep}-quick")  # the file `sweep` writes, without and with --quick
+            for old in [q for st in stems for q in work.glob(f"*/{st}.*")]:  # no stream of a previous run
+                old.unlink()
+            cmd = [python, "-m", "moebench", "sweep", sweep, "--out", str(work), "--format", "json", *extra]
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+            made = sorted(q for st in stems for q in work.glob(f"*/{st}.json"))
+            entry = {"sweep": sweep, "run": k, "exit_code": p.returncode, "wall_s": round(wall, 2),
+                     "command": " ".join(["moebench"] + cmd[3:])}
+            if made:
+                dest = out / f"{sweep}-run{k}.json"
+                shutil.move(str(made[0]), dest)
+                _, recs = load_results(dest)
+                entry.update(file=dest.name, replay_s=round(replay_seconds(recs), 2))
+            else:
+                entry["error"] = (p.stderr.strip().splitlines() or ["no results file"])[-1][:300]
+            manifest["runs"].append(entry)
+            log(f"{sweep} run {k}/{n}: exit {p.returncode}, {wall:.1f} s" + (f" ({entry['error']})" if "error" in entry
+                                                                            else ""))
+            (out / "repro.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+# ----------------------------------------------------------------------------------- loading
+
+
+@dataclass
+class Run:
+    path: Path
+    call: str  # the DIR it came from (one device call)
+    sweep: str
+    k: int
+    sha256: str
+    prov: dict
+    records: list[Record]
+    wall_s: float | None
+    host: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.call}/{self.path.name}"
+
+    @property
+    def by_case(self) -> dict[str, Record]:
+        return {r.case_id: r for r in self.records if r.status == "ok" and r.timing.get("median_us") is not None}
+
+    @property
+    def model_path(self) -> str | None:
+        nm = self.prov.get("noise_model")
+        return nm.get("path") if isinstance(nm, dict) else None
+
+
+def load_runs(dirs: list[Path]) -> dict[str, list[Run]]:
+    """The runs of every sweep in DIRs, in (DIR, k) order."""
+    by_sweep: dict[str, list[Run]] = {}
+    for d in dirs:
+        if not d.is_dir():
+            raise SystemExit(f"{d}: not a folder of runs (scripts/repro.py run --out DIR)")
+        man = {}
+        if (d / "repro.json").exists():
+            man = json.loads((d / "repro.json").read_text())
+        walls = {e.get("file"): e.get("wall_s") for e in man.get("runs", [])}
+        for p in sorted(d.glob("*-run*.json"), key=lambda q: (q.name.rsplit("-run", 1)[0], _k(q))):
+            m = RUN_RE.match(p.name)
+            if not m:
+                continue
+            prov, recs = load_results(p)
+            sweep = prov.get("sweep") or m["sweep"]
+            by_sweep.setdefault(sweep, []).append(
+                Run(p, d.name or str(d), sweep, int(m["k"]), hashlib.sha256(p.read_bytes()).hexdigest(), prov,
+                    recs, walls.get(p.name), man.get("host")))
+    return by_sweep
+
+
+def _k(p: Path) -> int:
+    m = RUN_RE.match(p.name)
+    return int(m["k"]) if m else 0
+
+
+# ----------------------------------------------------------------------------------- calibrate
+
+
+def calibrate(dirs: list[Path], out: Path) -> list[Path]:
+    """Write OUT/<sweep>.json, the noise model of every sweep found in DIRs."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for sweep, runs in sorted(load_runs(dirs).items()):
+        doc = N.calibrate([(str(r.path), r.sha256, r.prov, r.records) for r in runs])
+        dest = out / f"{sweep}.json"
+        dest.write_text(json.dumps(doc, indent=1) + "\n")
+        written.append(dest)
+    return written
+
+
+# ----------------------------------------------------------------------------------- report
+
+
+def restated(rec: Record, model: N.NoiseModel | None) -> float:
+    """A record's stated relative half-width re-stated with `model`: its within-run part with the
+    model's term for the case (never below the run's own run-to-run term) in quadrature."""
+    t = rec.timing
+    rel, rerun = float(t.get("rel_noise") or 0), float(t.get("rerun_rel") or 0)
+    within = t.get("rel_noise_within")
+    within = float(within) if within is not None else math.sqrt(max(0.0, rel * rel - rerun * rerun))
+    if model is None:
+        return rel
+    term, _ = model.term(rec.case_id, rerun)
+    return math.hypot(within, term)
+
+
+def with_noise(rec: Record, rel: float) -> Record:
+    """A copy of `rec` stating `rel` as its half-width."""
+    d = rec.to_json()
+    d["timing"] = {**d["timing"], "rel_noise": rel}
+    from moebench.core.records import record_from
+
+    return record_from(d, "restated")
+
+
+def pair_coverage(runs: list[Run], model: N.NoiseModel | None = None) -> dict:
+    """Per pair of runs, how many of their common timed cases agree within sqrt(ha² + hb²) (each
+    h = median x stated half-width, re-stated with `model` when given); and all pairs together."""
+    pairs = []
+    for a, b in combinations(runs, 2):
+        ca, cb = a.by_case, b.by_case
+        common = [c for c in ca if c in cb]
+        ok = 0
+        for c in common:
+            ra, rb = ca[c], cb[c]
+            if model is not None:
+                ra, rb = with_noise(ra, restated(ra, model)), with_noise(rb, restated(rb, model))
+            ok += covered(ra, rb)
+        pairs.append({"a": a.name, "b": b.name, "covered": ok, "cases": len(common)})
+    tot = sum(p["cases"] for p in pairs)
+    return {"pairs": pairs, "covered": sum(p["covered"] for p in pairs), "cases": tot,
+            "share": (sum(p["covered"] for p in pairs) / tot) if tot else None}
+
+
+def compare_exit(a: Path, b: Path, *, python: str = sys.executable) -> tuple[int, str]:
+    """`moebench compare A B --fail-on-regression` (the real CLI): exit code and its last line."""
+    p = subprocess.run([python, "-m", "moebench", "compare", str(a), str(b), "--fail-on-regression"],
+                       cwd=ROOT, capture_output=True, text=True)
+    lines = [x for x in (p.stderr + "\n" + p.stdout).splitlines() if x.strip()]
+    why = next((x for x in reversed(lines) if "fail-on-regression" in x), lines[-1] if lines else "")
+    return p.returncode, why.strip()[:200]
+
+
+def verdicts(runs: list[Run], model: N.NoiseModel | None = None, *, compare=compare_exit) -> list[dict]:
+    """The gate between every pair (i < j: BASE run i, NEW run j), on the files as written, or
+    (model) on copies whose records state the half-width re-stated with it."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for r in runs:
+            if model is None:
+                paths[r.name] = r.path
+                continue
+            doc = json.loads(r.path.read_text())
+            by = r.by_case
+            for d in doc["records"]:
+                rec = by.get(d.get("case_id"))
+                if rec is not None:
+                    d["timing"]["rel_noise"] = round(restated(rec, model), 5)
+            q = Path(tmp) / f"{len(paths)}-{r.path.name}"
+            q.write_text(json.dumps(doc))
+            paths[r.name] = q
+        for a, b in combinations(runs, 2):
+            code, why = compare(paths[a.name], paths[b.name])
+            same = a.prov.get("git_commit") == b.prov.get("git_commit")
+            out.append({"a": a.name, "b": b.name, "exit": code, "why": why, "same_commit": same,
+                        "false_alarm": code == 1 and same})
+    return out
+
+
+def case_spreads(runs: list[Run]) -> list[dict]:
+    """Per case timed in every run: its medians (in run order) and the spread (max - min) / min, %."""
+    maps = [r.by_case for r in runs]
+    rows = []
+    for cid, rec in maps[0].items():
+        if all(cid in m for m in maps):
+            vals = [m[cid].timing["median_us"] for m in maps]
+            rows.append({"case_id": cid, "label": rec.label, "params": rec.params, "medians": vals,
+                         "spread_pct": spread_pct(vals)})
+    return rows
+
+
+def between_calls(runs: list[Run]) -> list[dict] | None:
+    """Per case: the mean of each call's runs and the spread between those means, % (None: one call)."""
+    calls: dict[str, list[Run]] = {}
+    for r in runs:
+        calls.setdefault(r.call, []).append(r)
+    if len(calls) < 2:
+        return None
+    rows = []
+    for row in case_spreads(runs):
+        means = []
+        for rs in calls.values():
+            vals = [r.by_case[row["case_id"]].timing["median_us"] for r in rs]
+            means.append(sum(vals) / len(vals))
+        rows.append({**row, "call_means": means, "between_pct": spread_pct(means)})
+    return rows
+
+
+def _varying(rows: list[dict]) -> list[str]:
+    keys = [k for k in rows[0]["params"]] if rows else []
+    return [k for k in keys if len({str(r["params"].get(k)) for r in rows}) > 1]
+
+
+def _case(row: dict, vary: list[str]) -> str:
+    return f"{row['label']} " + ", ".join(f"{k}={row['params'].get(k)}" for k in vary)
+
+
+def _share(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model_doc: dict | None, *,
+                  compare=compare_exit) -> list[str]:
+    out = [f"## {sweep}", ""]
+    calib = {c.get("sha256") for c in (model_doc or {}).get("calibrated_on", [])}
+    out += ["| run | call | host | commit | wall s | replay s (share) | noise model in force | role |",
+            "|---|---|---|---|---:|---:|---|---|"]
+    for r in runs:
+        rep = replay_seconds(r.records)
+        role = ("calibration (in-sample)" if r.sha256 in calib else "validation") if model_doc else "—"
+        wall = "—" if r.wall_s is None else f"{r.wall_s:.1f}"
+        share = f" ({100 * rep / r.wall_s:.0f}%)" if r.wall_s else ""
+        out.append(f"| {r.path.name} | {r.call} | {r.host or '—'} | {str(r.prov.get('git_commit'))[:9]} | {wall} | "
+                   f"{rep:.1f}{share} | {_in_force(r)} | {role} |")
+    out.append("")
+    rows = case_spreads(runs)
+    if not rows:
+        return out + ["No case was timed in every run.", ""]
+    sp = [x["spread_pct"] for x in rows]
+    over, over_goal = sum(v > TARGET_PCT for v in sp), sum(v > GOAL_PCT for v in sp)
+    out += [f"**Spread across all {len(runs)} runs** (max - min) / min per case: max {max(sp):.2f}%, "
+            f"{over} of {len(rows)} cases over {TARGET_PCT:g}% (target: none) -> **{'met' if not over else 'NOT met'}**; "
+            f"{over_goal} over the {GOAL_PCT:g}% goal.", ""]
+    stated = pair_coverage(runs)
+    out.append(f"**Interval coverage, as each run stated it** ({'; '.join(sorted({_in_force(r) for r in runs}))}): "
+               f"{stated['covered']}/{stated['cases']} case pairs ({_share(stated['share'])}; target "
+               f"{100 * COVER_TARGET:.0f}%).")
+    restate = model is not None and any(r.model_path is None for r in runs)
+    again = pair_coverage(runs, model) if restate else None
+    if again:
+        n_cal = sum(r.sha256 in calib for r in runs)
+        out.append(f"**Re-stated with the model {model.describe()}** (the runs were made without it; within-run "
+                   f"half-width with the model's term in quadrature): {again['covered']}/{again['cases']} "
+                   f"({_share(again['share'])}). {n_cal} of these {len(runs)} runs calibrated the model: their "
+                   "pairs agree nearly by construction; only pairs with a validation run test it.")
+        val = [p for p in again["pairs"] if not (_sha(runs, p["a"]) in calib and _sha(runs, p["b"]) in calib)]
+        if val and n_cal:
+            c, n = sum(p["covered"] for p in val), sum(p["cases"] for p in val)
+            out.append(f"Pairs with at least one validation run: {c}/{n} ({_share(c / n if n else None)}).")
+    out.append("")
+    out += ["| pair | covered (stated) |" + (" covered (re-stated) |" if again else ""),
+            "|---|---:|" + ("---:|" if again else "")]
+    for i, p in enumerate(stated["pairs"]):
+        out.append(f"| {p['a']} vs {p['b']} | {p['covered']}/{p['cases']} |"
+                   + (f" {again['pairs'][i]['covered']}/{again['pairs'][i]['cases']} |" if again else ""))
+    out.append("")
+    ways = [("as written", None)] + ([("re-stated with the model", model)] if again else [])
+    for label, mdl in ways:
+        vs = verdicts(runs, mdl, compare=compare)
+        alarms = sum(v["false_alarm"] for v in vs)
+        closed = sum(v["exit"] == 2 for v in vs)
+        out.append(f"**`moebench compare BASE NEW --fail-on-regression` between every pair, files {label}**: "
+                   f"{sum(v['exit'] == 0 for v in vs)} of {len(vs)} exit 0; {alarms} false alarms (exit 1 between "
+                   f"runs of one commit; target 0)" + (f"; {closed} exit 2 (cannot judge)" if closed else "") + ".")
+        for v in vs:
+            if v["exit"] != 0:
+                out.append(f"- {v['a']} -> {v['b']}: exit {v['exit']}: {v['why']}"
+                           + ("" if v["same_commit"] else " (different commits)"))
+        out.append("")
+    vary = _varying(rows)
+    terms = (model_doc or {}).get("cases", {})
+    out += ["| case | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | spread % | model term % |",
+            "|---|" + "---:|" * (len(runs) + 2)]
+    for x in sorted(rows, key=lambda x: -x["spread_pct"]):
+        t = terms.get(x["case_id"], {}).get("rerun_rel")
+        out.append(f"| {_case(x, vary)} | " + " | ".join(f"{v:.3f}" for v in x["medians"])
+                   + f" | {x['spread_pct']:.2f} | {'—' if t is None else f'{100 * t:.2f}'} |")
+    out.append("")
+    bc = between_calls(runs)
+    if bc:
+        b = [x["between_pct"] for x in bc]
+        n_over = sum(v > TARGET_PCT for v in b)
+        out += [f"**Between device calls** ({', '.join(dict.fromkeys(r.call for r in runs))}; hosts "
+                f"{', '.join(sorted({str(r.host) for r in runs}))}): spread of the calls' mean per case max "
+                f"{max(b):.2f}%, {n_over} of {len(b)} cases over {TARGET_PCT:g}% -> "
+                f"**{'met' if not n_over else 'NOT met'}**.", ""]
+    return out
+
+
+def _in_force(r: Run) -> str:
+    """The run-to-run term a run stated: its model's file, or the default (its records' rerun_rel)."""
+    if r.model_path:
+        return f"measured: {r.model_path}"
+    terms = {x.timing.get("rerun_rel") for x in r.by_case.values()} - {None}
+    floor = (r.prov.get("timing") or {}).get("rerun_rel")
+    if floor is None and len(terms) == 1:
+        floor = terms.pop()
+    return N.default_text(float(floor)) if floor is not None else "none stated"
+
+
+def _sha(runs: list[Run], name: str) -> str:
+    return next(r.sha256 for r in runs if r.name == name)
+
+
+def report(dirs: list[Path], noise_dir: Path | None = None, *, compare=compare_exit) -> str:
+    by_sweep = load_runs(dirs)
+    out = ["# Reproducibility across fresh processes (scripts/repro.py report)", "",
+           f"Runs: {', '.join(str(d) for d in dirs)} (each folder one device call). Targets (issue 23): every case "
+           f"within {TARGET_PCT:g}% across runs (goal {GOAL_PCT:g}%), at least {100 * COVER_TARGET:.0f}% of run pairs "
+           "inside their stated intervals, 0 false alarms of `compare --fail-on-regression`.", ""]
+    if noise_dir is not None:
+        out += [f"Noise models from {noise_dir}.", ""]
+    for sweep, runs in sorted(by_sweep.items()):
+        model = doc = None
+        if noise_dir is not None and (noise_dir / f"{sweep}.json").exists():
+            p = noise_dir / f"{sweep}.json"
+            model, doc = N.load(p), json.loads(p.read_text())
+            names = ", ".join(Path(c["file"]).name for c in doc.get("calibrated_on", []))
+            out += [f"Model for {sweep}: {model.describe()}, calibrated on {names}.", ""]
+        out += sweep_section(sweep, runs, model, doc, compare=compare)
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--n", type=int, default=6)
+    r.add_argument("--sweeps", default="count-block,act-grid")
+    r.add_argument("--out", type=Path, required=True)
+    c = sub.add_parser("calibrate")
+    c.add_argument("dirs", nargs="+", type=Path)
+    c.add_argument("-o", "--out", type=Path, required=True)
+    p = sub.add_parser("report")
+    p.add_argument("dirs", nargs="+", type=Path)
+    p.add_argument("--noise", type=Path)
+    p.add_argument("-o", "--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    from moebench.errors import MoebenchError
+
+    try:
+        if a.cmd == "run":
+            if a.n < 1:
+                raise SystemExit("--n: expected at least 1 run")
+            m = run(a.n, [s for s in a.sweeps.split(",") if s], a.out, extra)
+            return 0 if all(e.get("file") for e in m["runs"]) else 1
+        if a.cmd == "calibrate":
+            for w in calibrate(a.dirs, a.out):
+                print(f"wrote {w}")
+            return 0
+        a.out.write_text(report(a.dirs, a.noise))
+        print(f"wrote {a.out}")
+        return 0
+    except MoebenchError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
