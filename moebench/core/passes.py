@@ -303,3 +303,27 @@ class Profiler(Pass):
     def release(self) -> None:
         self.kept.clear()
 
+
+
+@register
+class Counters(Pass):
+    """Hardware counters per case (moebench.core.counters): after all timing, a child process under
+    Nsight Compute re-creates the timed cases from data, replays each one's launch once in a CUDA
+    graph, and each record gets its measured occupancy, traffic, instructions, a bound verdict and
+    the work-model check. It never touches the timings (they are done, and the child is another
+    process). Where counters cannot be had (the interpreter, no ncu, no counter permission) every
+    record says so in one line and the run goes on: the pass is not refused on the CPU."""
+
+    name = "counters"
+    columns = ("cross.counters", "cross.verdict", "cross.work_check")
+    cuda_only = False  # unavailable, not refused: the columns say what is missing
+    in_workers = True  # its after_all runs in the driver's process and needs nothing a worker kept
+    announce = "counters pass (Nsight Compute: one graph replay per case, in a child process)"
+
+    def after_all(self, ctx: AfterAll) -> None:
+        from moebench.core.counters import collect
+        from moebench.sources import plugins
+
+        environ = getattr(ctx.pipeline, "environ", None)
+        collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
+                environ=environ, plugins=[p["path"] for p in plugins.loaded()])
