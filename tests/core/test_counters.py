@@ -366,3 +366,44 @@ def test_the_sweep_page_carries_the_section():
     recs[0].cross["counters"] = K.unavailable("Nsight Compute not found (looked for ncu on PATH)")
     md = sweep_markdown(spec, recs, {"device": {"backend": "cuda"}})
     assert "## Hardware counters\n\nUnavailable: Nsight Compute not found" in md
+
+
+# ----------------------------------------------------------------------------------- the plot
+
+
+def _act_records():
+    """An act-grid-like run with counters: two caps x two live-row counts, the capped variant."""
+    recs = []
+    for cap, occ_arith in ((512, 22.0), (8192, 100.0)):
+        for live, ach in ((2048, 11.0), (16384, 40.0)):
+            r = Record("act-grid", "act", f"c{cap}-{live}", "capped", "capped", "ok",
+                       params={"op": "silu_mul_bounded", "rows": 16384, "live_rows": live, "grid_cap": cap})
+            r.timing["median_us"] = 5.0 + cap / 1e4 + live / 1e3
+            r.work["occupancy_pct"] = occ_arith
+            r.cross["counters"] = {"achieved_occupancy_pct": ach * (2 if cap == 8192 else 1)}
+            recs.append(r)
+    return recs
+
+
+def test_plot_counters_draws_time_and_measured_beside_arithmetic_occupancy(tmp_path, capsys):
+    from moebench.analysis.counters_plot import plot_counters
+
+    recs = _act_records()
+    drawn = plot_counters(recs, {"sweep": "act-grid", "device": {"name": "NVIDIA H200"}}, tmp_path / "c.png")
+    assert drawn.series == 2 and drawn.points == 4 and (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    assert drawn.panels == ["median_us", "achieved vs arithmetic occupancy"]
+    res = tmp_path / "act-grid.json"
+    res.write_text(json.dumps({"provenance": {"sweep": "act-grid"}, "records": [r.to_json() for r in recs]}))
+    code, out, err = run_cli(["plot", str(res), "--counters"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "act-grid-counters.png").exists() and "2 line(s), 4 point(s)" in out
+
+
+def test_plot_counters_without_counters_says_why(tmp_path, capsys):
+    recs = _act_records()
+    for r in recs:
+        r.cross["counters"] = K.unavailable("no CUDA device (interpreter)")
+    res = tmp_path / "a.json"
+    res.write_text(json.dumps({"provenance": {}, "records": [r.to_json() for r in recs]}))
+    code, _, err = run_cli(["plot", str(res), "--counters"], capsys)
+    assert code == 2 and "no measured occupancy in these results" in err and "no CUDA device" in err
