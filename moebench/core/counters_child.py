@@ -61,8 +61,9 @@ def run(job: dict) -> list[dict]:
         entry = {"id": c["id"], "index": i}
         try:
             case = Case(fam.name, c["variant"], c["label"], dict(c["params"]), c["id"])
-            params, _ = fam.resolve(case.variant, case.params, device, os.environ)
-            params.update({k: v for k, v in c.get("launch", {}).items() if k in params})  # as the record ran
+            params, sources = fam.resolve(case.variant, case.params, device, os.environ)
+            launch = c.get("launch", {})
+            params.update({k: launch[k] for k in sources if k in launch})  # the launch values the record ran
             key = shape_key(case, fam.shape_params)
             if key != shape:
                 inputs = None  # one shape's inputs at a time

@@ -407,3 +407,46 @@ def test_plot_counters_without_counters_says_why(tmp_path, capsys):
     res.write_text(json.dumps({"provenance": {}, "records": [r.to_json() for r in recs]}))
     code, _, err = run_cli(["plot", str(res), "--counters"], capsys)
     assert code == 2 and "no measured occupancy in these results" in err and "no CUDA device" in err
+
+
+def test_a_failing_counters_pass_leaves_the_timings_and_says_why(monkeypatch):
+    spec, cases, recs = _cases_and_records(2)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(K, "collect", boom)
+    opts = SimpleNamespace(timing=SimpleNamespace(l2="warm"))
+    P.Counters().after_all(P.AfterAll(spec, CUDA, opts, cases, recs))
+    assert all(r.cross["counters"] == {"unavailable": "the counters pass failed: OSError: disk full"} for r in recs)
+    assert all(r.timing["median_us"] == 5.0 for r in recs)
+
+
+def test_the_child_runs_the_launch_values_its_record_ran(monkeypatch, tmp_path):
+    """A kill switch the parent read (shipped's BLOCK_SIZE from $MCORE_COUNT_TOKENS_BLOCK) reaches the
+    child through the record's launch values, not through the child's environment."""
+    from moebench.core.cases import expand
+    from moebench.core.counters_child import run
+
+    spec = _spec()
+    fam = spec.family
+    seen = []
+    real = type(fam).builder
+
+    def builder(self, name):
+        b = real(self, name)
+
+        def wrapped(inp, params, device):
+            seen.append(params["block_size"])
+            return b(inp, params, device)
+
+        return wrapped
+
+    monkeypatch.setattr(type(fam), "builder", builder)
+    monkeypatch.delenv("MCORE_COUNT_TOKENS_BLOCK", raising=False)
+    c = expand(spec, quick=True)[0]
+    job = {"spec": str(spec.path), "manifest": str(tmp_path / "m.json"), "warm_replays": 0, "cases": [
+        {"id": "s", "variant": "shipped", "label": "shipped", "params": dict(c.params, block_size=None),
+         "launch": {"block_size": 1024, "grid": 4, "num_warps": 4}}]}
+    (entry,) = run(job)
+    assert "error" not in entry and seen == [1024]  # the shipped default would be 128
