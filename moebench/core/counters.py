@@ -422,6 +422,7 @@ class Ncu:
         self.environ = dict(os.environ if environ is None else environ)
         self.path, self.looked = find_ncu(self.environ)
         self._version: str | None = None
+        self.base_units = True  # --print-units base; dropped if this ncu does not know the option
 
     def unavailable(self) -> str | None:
         if self.path is None:
@@ -454,8 +455,9 @@ class Ncu:
 
     def command(self, metrics: Sequence[str], l2: str, child: list[str]) -> list[str]:
         return [self.path, "--clock-control", "none", "--graph-profiling", "node", "--profile-from-start", "off",
-                "--cache-control", "all" if l2 == "cold" else "none", "--print-units", "base", "--csv",
-                "--metrics", ",".join(metrics), *child]
+                "--cache-control", "all" if l2 == "cold" else "none",
+                *(["--print-units", "base"] if self.base_units else []), "--csv", "--metrics", ",".join(metrics),
+                *child]
 
     def profile(self, child: list[str], *, l2: str, timeout_s: float, env: Mapping[str, str],
                 raw: Path | None = None) -> Profiled:
@@ -463,6 +465,9 @@ class Ncu:
         optional = [m for m in OPTIONAL_METRICS if m.split(".")[0] in known]
         dropped = [m for m in OPTIONAL_METRICS if m not in optional]
         res = self._run(list(METRICS) + optional, l2, child, timeout_s, env, raw)
+        if res.error and not res.kernels and "print-units" in res.error:  # an ncu without it: parse the scaled units
+            self.base_units = False
+            res = self._run(list(METRICS) + optional, l2, child, timeout_s, env, raw)
         if res.error and optional and _BAD_METRIC.search(res.error):  # listed, yet refused: the core set only
             dropped = list(OPTIONAL_METRICS)
             res = self._run(list(METRICS), l2, child, timeout_s, env, raw)

@@ -450,3 +450,14 @@ def test_the_child_runs_the_launch_values_its_record_ran(monkeypatch, tmp_path):
          "launch": {"block_size": 1024, "grid": 4, "num_warps": 4}}]}
     (entry,) = run(job)
     assert "error" not in entry and seen == [1024]  # the shipped default would be 128
+
+
+def test_an_ncu_without_print_units_is_run_again_without_it(fake_ncu, tmp_path):
+    text = fake_ncu.path.read_text().replace(
+        'job = json.load', 'if "--print-units" in args:\n    print("==ERROR== unrecognised option \'--print-units\'")\n'
+        '    sys.exit(1)\njob = json.load')
+    fake_ncu.path.write_text(text)
+    spec, cases, recs = _cases_and_records(1)
+    K.collect(spec, CUDA, cases, recs, environ=fake_ncu.env)
+    assert "--print-units" not in json.loads(fake_ncu.args.read_text())
+    assert recs[0].cross["counters"]["kernel_us"] == 3.264
