@@ -264,7 +264,7 @@ def aggregate(kernels: Sequence[Kernel]) -> dict[str, Any]:
     known = {k: v for k, v in limits.items() if v is not None}
     waves = main.get("launch__waves_per_multiprocessor")
     if waves is not None and waves < 1:
-        limiter = f"grid ({waves:.2f} waves)"
+        limiter = f"grid: {waves:.2f} waves"
     elif known:
         low = min(known.values())
         limiter = " + ".join(_LIMITER[k] for k, v in known.items() if v == low)
@@ -355,7 +355,7 @@ def verdict(counters: Mapping[str, Any], work: Mapping[str, Any], x_leanest: flo
         low = occ < LOW_OCCUPANCY_PCT
         bound = "latency"
         why = (f"achieved occupancy {occ:.0f}% ({'<' if low else '>='} {LOW_OCCUPANCY_PCT:g}%) and no unit above "
-               f"{top:.0f}% of peak (< {LOW_THROUGHPUT_PCT:g}%): "
+               f"{top:.1f}% of peak (< {LOW_THROUGHPUT_PCT:g}%): "
                + ("too few warps resident to hide latency" if low else "warps resident but stalled"))
     elif top is not None:
         bound, why = "mixed", (f"busiest unit at {top:.0f}% of peak: between {LOW_THROUGHPUT_PCT:g}% and "

@@ -23,6 +23,10 @@ def _val(r, k: str) -> Any:
     return r.launch.get(k) if v is None else v
 
 
+def _pct(v: Any) -> str:
+    return "—" if v is None else f"{v:.0f}%"
+
+
 def _big(n: Any) -> str:
     if n is None:
         return "—"
@@ -68,7 +72,9 @@ def section(spec, records) -> str:
         out += [f"{len(flagged)} of {len(measured)} cases moved far from the family's `bytes` through L2 (outside "
                 f"{1 / K.TRAFFIC_FAR_X:g}×–{K.TRAFFIC_FAR_X:g}×); their floors read against the model, not the "
                 "traffic:", ""]
-        out += [f"- ⚑ `{r.case_id}` {r.label} {_shape_text(r)}: {r.cross['work_check']['note']}" for r in flagged]
+        vary = _varying(measured)
+        out += [f"- ⚑ `{r.case_id}` {r.label} {_shape_text(r, vary)}: {r.cross['work_check']['note']}"
+                for r in flagged]
     else:
         checked = sum(1 for r in measured if r.cross.get("work_check"))
         out.append(f"Every case's L2 traffic is within {1 / K.TRAFFIC_FAR_X:g}×–{K.TRAFFIC_FAR_X:g}× of the "
@@ -81,16 +87,20 @@ def section(spec, records) -> str:
     return "\n".join(out)
 
 
-def _shape_text(r) -> str:
-    return "(" + ", ".join(f"{k}={v}" for k, v in r.params.items() if v is not None) + ")"
+def _shape_text(r, keys: list[str]) -> str:
+    return "(" + ", ".join(f"{k}={_val(r, k)}" for k in keys) + ")" if keys else ""
 
 
-def _case_table(recs) -> str:
+def _varying(recs) -> list[str]:
+    """The parameters that take more than one value across these records."""
     names: list[str] = []
     for r in recs:
         names += [k for k in r.params if k not in names]
-    vary = varying([{"label": r.label, **r.params} for r in recs], ["label"] + names)
-    vary = [k for k in vary if k != "label"]
+    return [k for k in varying([{"label": r.label, **r.params} for r in recs], ["label"] + names) if k != "label"]
+
+
+def _case_table(recs) -> str:
+    vary = _varying(recs)
     head = (["variant", *vary, "µs", "kernel µs", "× empty", "achieved occ %", "theoretical % (limiter)",
              "arith. occ %", "waves", "DRAM %", "L2 %", "L2 hit %", "SM %", "instructions", "× leanest",
              "active lanes %", "atomics", "L2 bytes / model", "bound", "why"])
@@ -140,8 +150,8 @@ def _curve(spec, recs) -> str:
                     line.append("")
                     continue
                 c, v = _counters(r), r.cross.get("verdict") or {}
-                line.append(f"{num(r.timing.get('median_us'))} · {num(c.get('achieved_occupancy_pct'), '.0f')}% / "
-                            f"{num(r.work.get('occupancy_pct'), '.0f')}% · {v.get('bound', '—')}")
+                line.append(f"{num(r.timing.get('median_us'))} · {_pct(c.get('achieved_occupancy_pct'))} / "
+                            f"{_pct(r.work.get('occupancy_pct'))} · {v.get('bound', '—')}")
             table.append(line)
-        out += [f"{lab}:" if len(labels) > 1 else "", "", md_table([f"{rows} \\ {cols}", *map(str, ys)], table), ""]
-    return "\n".join(x for x in out).rstrip()
+        out += ([f"{lab}:", ""] if len(labels) > 1 else []) + [md_table([f"{rows} \\ {cols}", *map(str, ys)], table), ""]
+    return "\n".join(out).rstrip()

@@ -86,7 +86,7 @@ def test_aggregate_sums_weights_and_takes_the_longest_kernels_geometry():
     want = (6.21 * 3264 + 4.90 * 15936) / (3264 + 15936)
     assert c["achieved_occupancy_pct"] == pytest.approx(want, abs=0.01)
     assert c["ctas"] == 132 and c["theoretical_occupancy_pct"] == 100 and c["registers_per_thread"] == 16
-    assert c["limiter"] == "grid (0.06 waves)"  # 132 CTAs where 16 per SM fit: the grid is the limit
+    assert c["limiter"] == "grid: 0.06 waves"  # 132 CTAs where 16 per SM fit: the grid is the limit
     assert [k["us"] for k in c["kernel_list"]] == [3.264, 15.936]
     assert c["active_lanes_pct"] is None and c["atomics"] is None  # optional metrics not in this CSV
 
