@@ -300,8 +300,8 @@ def aggregate(kernels: Sequence[Kernel]) -> dict[str, Any]:
         "kernels": len(kernels),
     }
     if len(kernels) > 1:
-        out["kernel_list"] = [{"name": k.name, "us": _r(k.duration_ns / 1e3, 3), "ctas": _int(k.get("launch__grid_size"))}
-                              for k in kernels]
+        out["kernel_list"] = [{"name": k.name, "us": _r(k.duration_ns / 1e3, 3),
+                               "ctas": _int(k.get("launch__grid_size"))} for k in kernels]
     return out
 
 

@@ -153,5 +153,6 @@ def _curve(spec, recs) -> str:
                 line.append(f"{num(r.timing.get('median_us'))} · {_pct(c.get('achieved_occupancy_pct'))} / "
                             f"{_pct(r.work.get('occupancy_pct'))} · {v.get('bound', '—')}")
             table.append(line)
-        out += ([f"{lab}:", ""] if len(labels) > 1 else []) + [md_table([f"{rows} \\ {cols}", *map(str, ys)], table), ""]
+        head = [f"{rows} \\ {cols}", *map(str, ys)]
+        out += ([f"{lab}:", ""] if len(labels) > 1 else []) + [md_table(head, table), ""]
     return "\n".join(out).rstrip()

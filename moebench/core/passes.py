@@ -30,10 +30,11 @@ and implements either hook or both:
 `unavailable()` says in one line why the pass cannot run on this machine (a missing package), or
 None. `announce`: the progress text shown while its `after_all` runs.
 
-Adding a pass (a `counters` pass that re-runs cases under Nsight Compute in a child process):
-subclass `Pass` with `name = "counters"`, its `columns`, `cuda_only = True`, `in_workers = True`
-(its `after_all` runs in the driver's process and needs nothing the workers kept), implement
-`after_all` from `ctx.spec`, `ctx.cases` and `ctx.records`, decorate it with `@register`. `after_all` hooks run in
+Adding a pass: subclass `Pass`, set its `name`, `columns` and where it runs, implement a hook,
+decorate it with `@register`. `Counters` below is one that re-runs cases under Nsight Compute in a
+child process: `in_workers = True` (its `after_all` runs in the driver's process and needs nothing the
+workers kept), and `cuda_only = False`, since on a machine without counters its columns say what is
+missing instead of the run being refused. `after_all` hooks run in
 registration order (nvbench before the profiler: CUPTI disturbs later replays). A pass class
 must be importable by name (a module-level class), since the workers get their passes pickled.
 """
