@@ -437,6 +437,9 @@ def plot(
     series: Optional[str] = typer.Option(None, "--series", help="One line per value of this parameter (default "
                                          "by family: tokens for count, live_rows for act)."),
     metric: str = typer.Option("median_us", "--metric", help="Column on the y axis (lower is better)."),
+    counters: bool = typer.Option(False, "--counters", help="The measured occupancy curve instead: µs and the "
+                                  "achieved occupancy (from sweep --counters) beside the arithmetic one; default "
+                                  "output RESULTS-counters.png."),
 ):
     """Draw the results as curves: the block-size curve (count) or the occupancy curve, µs and × floor
     against the grid cap (act), with an optional published reference beside them."""
@@ -450,6 +453,7 @@ def plot(
         if str(results).startswith("ref:"):
             raise UsageError("-o: name the PNG to write when plotting a reference alone")
         output = DEFAULT_OUT / Path(results).resolve().parent.name / Path(results).with_suffix(".png").name
+        output = output.with_name(output.stem + "-counters.png") if counters else output
     if output.suffix.lower() != ".png":
         raise UsageError(f"-o: expected a .png path, got {output}")
     if output.is_dir():
@@ -459,7 +463,14 @@ def plot(
     from moebench.core.records import writable_dir
 
     writable_dir(output.parent, "-o")
-    drawn = plot_results(records, prov, output, reference=ref, x=x, series=series, metric=metric)
+    if counters:
+        from moebench.analysis.counters_plot import plot_counters
+
+        if ref is not None:
+            raise UsageError("--counters: the measured occupancy has no published reference; drop --reference")
+        drawn = plot_counters(records, prov, output, x=x, series=series)
+    else:
+        drawn = plot_results(records, prov, output, reference=ref, x=x, series=series, metric=metric)
     what = f"{drawn.series} line(s), {drawn.points} point(s)"
     if ref is not None:
         what += f"; {ref.label} dashed, {drawn.reference_points} point(s)"

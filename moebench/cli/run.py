@@ -240,6 +240,12 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                   f"{f' across {len(gpus)} workers' if gpus else ''}, {summary.compile_s:.1f} s compiling"
                   + (" (excluded from timings)" if timed else ""))
     print_failures(records, p.vary)
+    if "counters" in cross:
+        from moebench.core.counters import note as counters_note
+
+        missing = counters_note(records)
+        if missing:
+            err.print(missing, style="yellow", markup=False, highlight=False, soft_wrap=True)
     out.print("Wrote " + ", ".join(str(x) for x in written.paths))
     failed = any(r.status not in ("ok", "unavailable") for r in records)
     return ExitCode.CASE_FAILED if failed else ExitCode.OK
@@ -274,7 +280,11 @@ def sweep(
     cross_check: Optional[str] = typer.Option(None, "--cross-check",
                                               help="Also time with: dobench (triton do_bench_cudagraph), nvbench "
                                                    "(NVIDIA nvbench on the same graphs; pip install "
-                                                   "'moebench[nvbench]'), profiler (CUPTI kernel time)."),
+                                                   "'moebench[nvbench]'), profiler (CUPTI kernel time), "
+                                                   "counters (as --counters)."),
+    counters: bool = typer.Option(False, "--counters", help="After all timing, profile every case once under Nsight "
+                                  "Compute ($MOEBENCH_NCU, else ncu): occupancy, traffic, instructions, a bound "
+                                  "verdict and the work-model check per case (unavailable, with why, on the CPU)."),
     l2: Optional[str] = typer.Option(None, "--l2", help="warm (default) or cold (rotate input sets past L2)."),
     shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run shard I of N (0-based); default from "
                                         "SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set."),
@@ -292,6 +302,8 @@ def sweep(
     """Run a sweep: verify every case, time it under CUDA-graph replay, write tables."""
     use_sources(plugin, megatron_lm, interpret=interpret if not dry_run else None)
     p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard, timing=timing, noise=noise)
+    if counters:
+        cross_check = ",".join(x for x in dict.fromkeys([*(cross_check or "").split(","), "counters"]) if x.strip())
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)

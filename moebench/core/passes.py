@@ -30,10 +30,11 @@ and implements either hook or both:
 `unavailable()` says in one line why the pass cannot run on this machine (a missing package), or
 None. `announce`: the progress text shown while its `after_all` runs.
 
-Adding a pass (a `counters` pass that re-runs cases under Nsight Compute in a child process):
-subclass `Pass` with `name = "counters"`, its `columns`, `cuda_only = True`, `in_workers = True`
-(its `after_all` runs in the driver's process and needs nothing the workers kept), implement
-`after_all` from `ctx.spec`, `ctx.cases` and `ctx.records`, decorate it with `@register`. `after_all` hooks run in
+Adding a pass: subclass `Pass`, set its `name`, `columns` and where it runs, implement a hook,
+decorate it with `@register`. `Counters` below is one that re-runs cases under Nsight Compute in a
+child process: `in_workers = True` (its `after_all` runs in the driver's process and needs nothing the
+workers kept), and `cuda_only = False`, since on a machine without counters its columns say what is
+missing instead of the run being refused. `after_all` hooks run in
 registration order (nvbench before the profiler: CUPTI disturbs later replays). A pass class
 must be importable by name (a module-level class), since the workers get their passes pickled.
 """
@@ -303,3 +304,33 @@ class Profiler(Pass):
     def release(self) -> None:
         self.kept.clear()
 
+
+
+@register
+class Counters(Pass):
+    """Hardware counters per case (moebench.core.counters): after all timing, a child process under
+    Nsight Compute re-creates the timed cases from data, replays each one's launch once in a CUDA
+    graph, and each record gets its measured occupancy, traffic, instructions, a bound verdict and
+    the work-model check. It never touches the timings (they are done, and the child is another
+    process). Where counters cannot be had (the interpreter, no ncu, no counter permission) every
+    record says so in one line and the run goes on: the pass is not refused on the CPU."""
+
+    name = "counters"
+    columns = ("cross.counters", "cross.verdict", "cross.work_check")
+    cuda_only = False  # unavailable, not refused: the columns say what is missing
+    in_workers = True  # its after_all runs in the driver's process and needs nothing a worker kept
+    announce = "counters pass (Nsight Compute: one graph replay per case, in a child process)"
+
+    def after_all(self, ctx: AfterAll) -> None:
+        from moebench.core.counters import collect
+        from moebench.sources import plugins
+
+        environ = getattr(ctx.pipeline, "environ", None)
+        try:
+            collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
+                    environ=environ, plugins=[p["path"] for p in plugins.loaded()])
+        except Exception as e:  # noqa: BLE001 - the timings stand; every record says what went wrong
+            for rec in ctx.records:
+                if rec.status == "ok" and "verdict" not in rec.cross:
+                    rec.cross["counters"] = {"unavailable": f"the counters pass failed: {type(e).__name__}: "
+                                                            f"{_one_line(e)}"}

@@ -288,6 +288,9 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     # a family may add sections of its own (e.g. combine's band table), after the pivots
     if spec.family.sections is not None:
         out += [spec.family.sections(records), ""]
+    from moebench.core.counters_report import section as counters_section  # records with cross.counters
+
+    out += [s + "\n" for s in (counters_section(spec, records),) if s]
     from moebench.analysis.conformance import section as twins_section
 
     twins = twins_section(records)

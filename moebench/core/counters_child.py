@@ -1,0 +1,118 @@
+"""The counters pass's child: `python -m moebench.core.counters_child JOB.json`, run under the counter
+tool (Nsight Compute) by moebench.core.counters. It re-creates the job's cases from data (the spec
+file, the plugin files, each case's variant, parameters and recorded launch values; nothing a
+results file names is run) and, per case in order:
+
+    inputs (set 0 of the case's shape) -> the variant's closure -> reset + one launch (compiles,
+    outside the profiled range) -> capture one launch in a CUDA graph -> WARM replays (warm L2, as
+    timed) -> cudaProfilerStart -> marker kernel (grid = case index + 1) -> one graph replay ->
+    cudaProfilerStop
+
+The tool profiles only between start and stop (--profile-from-start off), so input building,
+compiling and warm-up stay out of the counters; the marker tells the parser which case the kernels
+after it belong to. A case that fails here is written to the manifest with its error and the
+others go on. Without CUDA (tests on the CPU) the launch is called directly instead of a graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _moebench_counters_mark(out_ptr):  # (1,) int32; grid = (case index + 1,)
+    tl.store(out_ptr, tl.program_id(0))
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {(s[0] if s else repr(e))[:240]}"
+
+
+def run(job: dict) -> list[dict]:
+    """Launch every case of the job as described above; returns the manifest entries."""
+    import torch
+
+    from moebench.core.cases import Case, shape_key
+    from moebench.core.device import detect
+    from moebench.core.spec import load_spec
+    from moebench.sources import plugins
+
+    plugins.use([Path(p) for p in job.get("plugins", [])])
+    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    device = detect(not cuda)
+    dev = "cuda" if cuda else "cpu"
+    spec = load_spec(job["spec"])
+    fam = spec.family
+    impl = fam.load()
+    mark_out = torch.zeros(1, dtype=torch.int32, device=dev)
+    _moebench_counters_mark[(1,)](mark_out)  # compiled before the first profiled range
+    warm = int(job.get("warm_replays", 0))
+    shape, inputs = None, None
+    entries = []
+    for i, c in enumerate(job["cases"]):
+        entry = {"id": c["id"], "index": i}
+        try:
+            case = Case(fam.name, c["variant"], c["label"], dict(c["params"]), c["id"])
+            params, sources = fam.resolve(case.variant, case.params, device, os.environ)
+            launch = c.get("launch", {})
+            params.update({k: launch[k] for k in sources if k in launch})  # the launch values the record ran
+            key = shape_key(case, fam.shape_params)
+            if key != shape:
+                inputs = None  # one shape's inputs at a time
+                if cuda:
+                    torch.cuda.empty_cache()
+                inputs = impl.build_inputs(case.params, dev, 0)
+                shape = key
+            built = fam.builder(case.variant)(inputs, params, device)
+            built.reset()
+            built.launch()
+            if cuda:
+                torch.cuda.synchronize()
+                from moebench.core.timing import capture
+
+                graph = capture([built.launch], 1, warmup=1)
+                for _ in range(warm):
+                    graph.replay()
+                torch.cuda.synchronize()
+                replay = graph.replay
+            else:
+                replay = built.launch
+            if cuda:
+                torch.cuda.profiler.start()
+            try:
+                _moebench_counters_mark[(i + 1,)](mark_out)
+                replay()
+                if cuda:
+                    torch.cuda.synchronize()
+            finally:
+                if cuda:
+                    torch.cuda.profiler.stop()
+            del built
+        except Exception as e:  # noqa: BLE001 - one case's failure is written down; the others go on
+            entry["error"] = _one_line(e)
+            if os.environ.get("MOEBENCH_COUNTERS_TRACE"):
+                entry["traceback"] = traceback.format_exc()
+        entries.append(entry)
+    return entries
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m moebench.core.counters_child JOB.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text())
+    entries = run(job)
+    Path(job["manifest"]).write_text(json.dumps({"cases": entries}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
