@@ -73,6 +73,7 @@ class CompareRow:
     verdict: str  # one of VERDICTS, or "—" when the case could not be compared
     note: str = ""
     new_status: str = "ok"
+    base_status: str = "ok"
     judged: bool = False  # both medians and both noise estimates were there: the verdict rests on data
     base_mhz: float | None = None  # the SM clock of each record (mean of start and end), when recorded
     new_mhz: float | None = None
@@ -118,9 +119,12 @@ class CompareReport:
         both times and noise estimates); else 1 when a case is SLOWER or failed in NEW; else 2 when a
         case is UNCLEAR (a change of the threshold or more can be neither confirmed nor ruled out)
         unless `allow_unclear`; else 0."""
-        if not self.rows:
-            return 2, "BASE and NEW share no case: nothing was compared"
-        blind = [r for r in self.rows if not r.judged and r.new_status in ("ok", "unavailable")]
+        if not self.rows or all(r.new_status == r.base_status == "unavailable" for r in self.rows):
+            return 2, "BASE and NEW share no measured case: nothing was compared"
+        # a case unavailable in both files (its kernel source was on neither machine) was measured in
+        # neither: nothing to vouch for, nothing lost; a case BASE timed and NEW could not is blind
+        blind = [r for r in self.rows if not r.judged and r.new_status in ("ok", "unavailable")
+                 and not (r.new_status == r.base_status == "unavailable")]
         if blind:
             return 2, (f"{len(blind)} of {len(self.rows)} matched cases could not be judged "
                        f"({blind[0].case_id} {blind[0].label}: {blind[0].note or 'no verdict'})")
@@ -315,7 +319,7 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
         if n is None:
             continue
         row = CompareRow(cid, b.label, b.params, metric_of(b, metric), metric_of(n, metric), None, None, "—",
-                         new_status=n.status, base_mhz=record_mhz(b), new_mhz=record_mhz(n),
+                         new_status=n.status, base_status=b.status, base_mhz=record_mhz(b), new_mhz=record_mhz(n),
                          base_cycles=record_cycles(b, metric), new_cycles=record_cycles(n, metric))
         if cycles:
             row.base_us, row.new_us = row.base_cycles, row.new_cycles

@@ -237,6 +237,8 @@ class Point:
     hardware: dict[str, Any]
     method: dict[str, Any]
     source: str | None = None
+    rel_noise_within: float | None = None
+    rerun_rel: float | None = None
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -260,7 +262,8 @@ class Series:
 
 
 _SELECT = """
-SELECT r.sweep, r.case_id, r.variant, r.label, r.params, r.status, r.median_us, r.rel_noise, r.timer, r.estimator,
+SELECT r.sweep, r.case_id, r.variant, r.label, r.params, r.status, r.median_us, r.rel_noise, r.rel_noise_within,
+       r.rerun_rel, r.timer, r.estimator,
        r.l2, r.sm_clock_start_mhz, g.run_id, g.timestamp, g.git_commit, g.device_name, g.driver, g.cuda, g.torch,
        g.triton, g.sm_clock_max_mhz, g.mem_clock_max_mhz, g.timing_settings, g.source, r.record
 FROM records r JOIN runs g ON g.run_id = r.run_id
@@ -280,15 +283,16 @@ def series(con: sqlite3.Connection, *, sweep: str | None = None, case: str | Non
     q = _SELECT + (" WHERE " + " AND ".join(where) if where else "") + \
         " ORDER BY r.sweep, r.case_id, COALESCE(g.timestamp, ''), g.added_seq, r.idx"
     out: dict[tuple, Series] = {}
-    for (sw, cid, var, lab, params, status, med, rel, timer, est, l2, clk, rid, ts, commit, dev, drv, cuda, torch_v,
-         triton_v, smax, mmax, tset, src, rec) in con.execute(q, args):
+    for (sw, cid, var, lab, params, status, med, rel, within, rerun, timer, est, l2, clk, rid, ts, commit, dev, drv,
+         cuda, torch_v, triton_v, smax, mmax, tset, src, rec) in con.execute(q, args):
         s = out.setdefault((sw, cid), Series(sw, cid, var, lab, json.loads(params or "{}")))
         hw = {"device": dev, "driver": drv, "cuda": cuda, "torch": torch_v, "triton": triton_v,
               "sm_clock_max_mhz": smax, "mem_clock_max_mhz": mmax, "sm_clock_mhz": clk}
         method = {"timer": timer, "estimator": est, "l2": l2, "settings": json.loads(tset or "null")}
         if s.points and s.points[-1].run_id == rid:  # a case twice in one run (resumed): keep the last
             s.points.pop()
-        s.points.append(Point(rid, ts, commit, med if status == "ok" else None, rel, status, hw, method, src))
+        s.points.append(Point(rid, ts, commit, med if status == "ok" else None, rel, status, hw, method, src,
+                              within, rerun))
     return list(out.values())
 
 
@@ -427,6 +431,26 @@ class CheckReport:
     @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.regression]
+
+
+def restate(all_series: Sequence[Series], model) -> int:
+    """Re-state every point's interval with a device noise model (moebench.core.noise.NoiseModel):
+    the within-run half-width with max(the stated run-to-run term, the model's term for the case) in
+    quadrature, as the timer states it when the model is in force. Runs made before a model existed
+    state only the default term, which the between-process (and between-commit) spread of some
+    cases exceeds. Returns how many points were re-stated."""
+    n = 0
+    for s in all_series:
+        term = model.cases.get(s.case_id)
+        if term is None:
+            continue
+        for x in s.points:
+            if x.rel_noise is None:
+                continue
+            within = x.rel_noise_within if x.rel_noise_within is not None else x.rel_noise
+            x.rel_noise = math.hypot(within, max(term, x.rerun_rel or 0.0))
+            n += 1
+    return n
 
 
 def check(all_series: Sequence[Series], *, sig: float = 0.05, permutations: int = 199, seed: int = 0,

@@ -46,7 +46,10 @@ def builtin_family(name: str):
     from moebench.families import BUILTIN
 
     for mod in BUILTIN:
-        fam = importlib.import_module(f"moebench.families.{mod}").FAMILY
+        try:
+            fam = importlib.import_module(f"moebench.families.{mod}").FAMILY
+        except Exception:  # noqa: BLE001 - a broken family breaks only itself: its pages lose their sections
+            continue
         if fam.name == name:
             return fam
     return None

@@ -91,6 +91,9 @@ def check(
     permutations: int = typer.Option(199, "--permutations", help="Permutations per test."),
     min_step: float = typer.Option(1.0, "--min-step", help="A smaller step (percent) is labelled noise."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
+    noise: Optional[Path] = typer.Option(None, "--noise", help="A device noise model (results/<device>/noise/"
+                                         "SWEEP.json, scripts/repro.py calibrate): each run's interval re-stated "
+                                         "with the model's run-to-run term for its case, as the timer states it."),
 ):
     """E-divisive means (Matteson & James 2014, as in MongoDB's CI) on each case's medians in run
     order. Each change point is labelled: hardware/driver change, method change, noise (the step lies
@@ -103,6 +106,12 @@ def check(
         found = series(con, sweep=sweep)
     if not found:
         raise UsageError(f"{db}: no records" + (f" of sweep {sweep!r}" if sweep else ""))
+    if noise is not None:
+        from moebench.analysis.history import restate
+        from moebench.core.noise import load
+
+        n = restate(found, load(noise))
+        out.print(f"intervals re-stated with the noise model {noise} ({n} runs of cases it covers)", highlight=False)
     rep = run_check(found, sig=sig, permutations=permutations, min_step=min_step / 100)
     keys = varying_params(found)
     head = ["case", "params", "at run", "commit", "before µs", "after µs", "step %", "p", "label", "why"]

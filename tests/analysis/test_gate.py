@@ -149,3 +149,30 @@ def test_show_has_a_cycles_column(tmp_path, capsys):
     code, out, err = run_cli(["show", str(a), "--rows", "label", "--cols", "tokens", "--metric", "cycles"], capsys)
     assert code == 0, err
     assert "3,960" in out and "5,940" in out
+
+
+def test_a_case_unavailable_in_both_files_does_not_blind_the_gate():
+    from moebench.errors import UsageError
+    """act-grid's upstream cases are `unavailable` where Megatron is not installed: two such runs
+    of one commit pass the gate on the cases both measured (an H200 repro run failed closed on all
+    15 pairs before)."""
+    from moebench.analysis.compare import compare_records
+    from moebench.core.records import Record
+
+    def rec(cid, status, us):
+        t = {"median_us": us, "rel_noise": 0.01, "rel_noise_within": 0.005, "rerun_rel": 0.005} if us else {}
+        return Record("s", "act", cid, "v", "v", status, params={"rows": 1}, timing=t)
+
+    base = [rec("a", "ok", 2.0), rec("u", "unavailable", None)]
+    new = [rec("a", "ok", 2.001), rec("u", "unavailable", None)]
+    code, why = compare_records(base, new).gate()
+    assert code == 0, why
+    # NEW lost a case BASE measured: still blind, the gate fails closed
+    code, why = compare_records([rec("a", "ok", 2.0), rec("u", "ok", 3.0)], new).gate()
+    assert code == 2 and "could not be judged" in why
+    # nothing measured on either side: nothing compared
+    try:
+        code, _ = compare_records([rec("u", "unavailable", None)], [rec("u", "unavailable", None)]).gate()
+    except UsageError:
+        code = 2  # no timings at all: refused before any verdict
+    assert code == 2

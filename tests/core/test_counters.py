@@ -394,7 +394,7 @@ def test_plot_counters_draws_time_and_measured_beside_arithmetic_occupancy(tmp_p
     assert drawn.panels == ["median_us", "achieved vs arithmetic occupancy"]
     res = tmp_path / "act-grid.json"
     res.write_text(json.dumps({"provenance": {"sweep": "act-grid"}, "records": [r.to_json() for r in recs]}))
-    code, out, err = run_cli(["plot", str(res), "--counters"], capsys)
+    code, out, err = run_cli(["plot", str(res), "--counters", "-o", str(tmp_path / "act-grid-counters.png")], capsys)
     assert code == 0, err
     assert (tmp_path / "act-grid-counters.png").exists() and "2 line(s), 4 point(s)" in out
 
