@@ -52,6 +52,16 @@ from moebench.core.spec import Spec
 # workers(cases, passes, environ) -> records as they finish (moebench.parallel.workers)
 Workers = Callable[[Sequence[Case], Sequence[Pass], Mapping[str, str]], Iterator[Record]]
 
+# CUDA errors after which a process's context is unusable: every later launch in it would fail. A
+# run meeting one goes on in a fresh process (the driver's `fallback`; a per-GPU worker leaves).
+STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
+                      "device-side assert", "illegal instruction")
+
+
+def poisons_context(rec: Record) -> bool:
+    """Whether a record's error is one that leaves its process's CUDA context unusable."""
+    return rec.status == "error" and any(s in (rec.error or "") for s in STICKY_CUDA_ERRORS)
+
 
 @dataclass
 class Started:
@@ -104,12 +114,16 @@ class Driver:
 
     def __init__(self, spec: Spec, device: DeviceInfo, options: Options, *, environ: Mapping[str, str] | None = None,
                  workers: Workers | None = None, passes: Sequence[Pass] | None = None, timer: Timer | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, fallback: Workers | None = None):
         self.spec = spec
         self.device = device
         self.opts = options
         self.environ = dict(os.environ) if environ is None else environ
         self.workers = workers
+        # where the rest of a run here goes after a case left this process's CUDA context unusable
+        # (fresh child processes: moebench.parallel.workers.isolated); None: it stays here
+        self.fallback = fallback
+        self.fell_back: str | None = None  # the error that sent the rest of the run to the fallback
         self.clock = clock
         if passes is None:
             passes = select(options.cross, backend=device.backend, timed=options.time_it, workers=workers is not None)
@@ -163,7 +177,7 @@ class Driver:
                         records.append(ev.record)
                     yield ev
             for p in self.passes:
-                if not p.has_after_all():
+                if not p.has_after_all() or self.fell_back:  # (this process's context is gone)
                     continue
                 if p.announce:
                     yield Profiling(p.announce)
@@ -226,6 +240,12 @@ class Driver:
                     if last.get(key) == i:
                         pipe.forget(key)
                 yield Finished(rec, i, n)
+                if self.fallback is not None and poisons_context(rec) and i + 1 < n:
+                    self.fell_back = rec.error.splitlines()[0]
+                    per_case = [p for p in self.passes if not p.has_after_all() and p.in_workers]
+                    for j, later in enumerate(self.fallback(cases[i + 1:], per_case, self.environ)):
+                        yield Finished(later, i + 1 + j, n)
+                    return
         finally:
             if ahead is not None:
                 ahead.close()
@@ -233,7 +253,7 @@ class Driver:
 
 def run_sweep(spec: Spec, cases: Sequence[Case], options: Options, device: DeviceInfo, *,
               done: Mapping[str, Record] | None = None, workers: Workers | None = None,
-              environ: Mapping[str, str] | None = None) -> Iterator[Event]:
-    """Driver(spec, device, options, environ=environ, workers=workers).run(cases, done=done), made
-    when the first event is asked for."""
-    yield from Driver(spec, device, options, environ=environ, workers=workers).run(cases, done=done)
+              environ: Mapping[str, str] | None = None, fallback: Workers | None = None) -> Iterator[Event]:
+    """Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback).run(cases,
+    done=done), made when the first event is asked for."""
+    yield from Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback).run(cases, done=done)
