@@ -266,11 +266,11 @@ def test_a_hung_input_build_stops_at_the_limit_and_the_run_goes_on(tmp_path, iso
     spec.write_text("name: stuck\nfamily: stuckfam\nplugins: [stuckfam.py]\nvariants: [copy]\n"
                     "baseline: {variant: copy}\naxes: {n: [8, 16, 32, 64]}\nfixed: {hang_at: 16, exit_at: 32}\n")
     t0 = time.monotonic()
-    r = moebench("verify", spec, "--out", tmp_path, "--case-limit", "2", *(["--isolate"] if isolate else []),
+    r = moebench("sweep", spec, "--out", tmp_path, "--case-limit", "2", *(["--isolate"] if isolate else []),
                  timeout=120)
     assert r.returncode == 1, r.stderr
     assert time.monotonic() - t0 < 100
-    doc = json.loads(next(tmp_path.rglob("stuck-verify.json")).read_text())
+    doc = json.loads(next(tmp_path.rglob("stuck.json")).read_text())
     assert doc["provenance"]["complete"]
     got = {x["params"]["n"]: x for x in doc["records"]}
     assert got[16]["status"] == "error" and got[16]["error"].startswith("CaseTimeLimit: still running after 2 s")
