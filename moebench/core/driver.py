@@ -19,7 +19,11 @@ What the driver owns:
 - where the cases run: here, through a CasePipeline (moebench.core.pipeline), with inputs built
   ahead on background threads; or on workers, a callable `workers(cases, passes, environ)` yielding
   records (moebench.parallel.workers builds one per GPU: core never imports parallel);
-- the record order, baseline deltas and compile accounting of the Summary.
+- the record order, baseline deltas and compile accounting of the Summary;
+- what happens after a case leaves this process's CUDA context unusable (an illegal address: see
+  `poisons_context`): with a `fallback` (a `workers` callable: moebench.parallel.workers.isolated,
+  which the CLI hands in), the rest of the run goes on in fresh child processes, and no after-all
+  pass runs here. `--isolate` runs every case in a child from the start (the CLI's `workers`).
 
 Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py (or a module imported
 before the run), subclass `Pass`, give it a `name` (what `--cross-check` takes), its `columns`, where

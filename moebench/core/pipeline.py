@@ -1,13 +1,20 @@
 """The case pipeline: one case from its spec values to its Record.
 
-    case -> resolve launch values (once) -> inputs -> variant closure -> reset/poison -> run once
-         -> verify (torch reference, baseline launch) -> time (moebench.core.placements.Timer)
-         -> the passes' per-case hooks -> Record
+    case -> resolve launch values (once) -> inputs (set 0 put back as built) -> variant closure
+         -> reset/poison -> run once -> verify (torch reference, what it did to its inputs, baseline
+         launch) -> time (moebench.core.placements.Timer) -> the passes' per-case hooks -> Record
 
 `CasePipeline.run_case` runs one case; the run driver (moebench.core.driver) runs the cases of a
 sweep, verify, resume, ab and every per-GPU worker through it. It never prints. A case that fails
 is recorded with its error and the run goes on; a case whose kernel source is missing (an upstream
 kernel not installed here) is recorded as `unavailable` with what to install.
+
+A bad variant fails only its own cases: the variants of a shape share its input sets, so set 0 is
+copied as built (`_Pristine`) and put back before each variant, and a variant that wrote outside its
+output (the poisoned guard cells) or into an input fails with that said, while the others pass. A
+`sys.exit()` in a builder, launch or input builder is that case's error. A background input build
+still running at the case limit is left behind (`_DaemonPool`), so neither the next shape nor the
+end of the run waits for it. A crash of the process itself is the driver's business (`--isolate`).
 
 Each launch value is resolved once per case, in `resolve`: the spec's value, a kill-switch variable
 (MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) read from the injected `environ` or its
