@@ -160,7 +160,7 @@ class CasePipeline:
         self._pristine: dict[tuple, _Pristine] = {}  # shape key -> set 0 as built (undo what a variant did)
         self._ref: dict[tuple, Any] = {}
         self._base: dict[tuple, Any] = {}
-        self._ahead: dict[tuple, Any] = {}  # shape key -> Future of (sets, pools, reference), built in the background
+        self._ahead: dict[tuple, Any] = {}  # shape key -> Future of (sets, pools, reference, pristine copy), built ahead
         self._abandon: Callable[[Any], None] | None = None  # told of a background build given up at the case limit
         self._compiled: set[tuple] = set()
         self.compile_s_total = 0.0
@@ -235,12 +235,12 @@ class CasePipeline:
         if (have is None or len(have) < n) and key in self._ahead:
             ahead = self._ahead.pop(key)
             try:
-                sets, pools, ref = ahead.result()  # (the caller's "inputs" phase holds the wait)
+                sets, pools, ref, pristine = ahead.result()  # (the caller's "inputs" phase holds the wait)
             except CaseTimeLimit:  # stuck in the background (a plugin's input builder that hangs): leave it
                 if self._abandon is not None:
                     self._abandon(ahead)
                 raise
-            self._keep_inputs(key, sets, pools)
+            self._keep_inputs(key, sets, pools, pristine)
             if ref is not None:
                 self._ref.setdefault(key, ref)
             have = sets
@@ -249,14 +249,14 @@ class CasePipeline:
             self._keep_inputs(key, sets, pools)
         return self._inputs[key][:n]
 
-    def _keep_inputs(self, key: tuple, sets: list, pools: list) -> None:
+    def _keep_inputs(self, key: tuple, sets: list, pools: list, pristine: "_Pristine | None" = None) -> None:
         if len(self._inputs) > 4:  # keep memory bounded: inputs are rebuilt on demand
             self._inputs.clear()
             self._pools.clear()
             self._pristine.clear()
         self._inputs[key] = sets
         self._pools[key] = pools
-        self._pristine[key] = _Pristine(sets[0], PRISTINE_MAX_BYTES)  # before any variant touched it
+        self._pristine[key] = pristine or _Pristine(sets[0], PRISTINE_MAX_BYTES)  # before any variant touched it
 
     def _build_sets(self, case: Case, n: int) -> tuple[list, list]:
         """`n` input sets of a case's shape, each in its own memory pool with private placements."""
@@ -268,13 +268,15 @@ class CasePipeline:
             pools.append(pool)
         return sets, pools
 
-    def _build_shape(self, case: Case) -> tuple[list, list, Any]:
-        """A shape's input sets and its reference, for the background (see _Ahead)."""
+    def _build_shape(self, case: Case) -> tuple[list, list, Any, "_Pristine"]:
+        """A shape's input sets, its reference and the copy of set 0 as built, for the background
+        (see _Ahead)."""
         with self._phase("inputs + reference (background threads)"):
             sets, pools = self._build_sets(case, self.placements.n_sets(case.params))
+            pristine = _Pristine(sets[0], PRISTINE_MAX_BYTES)
             if self.fam.reference_after_build:
-                return sets, pools, None
-            return sets, pools, self.impl.reference(sets[0], case.params)
+                return sets, pools, None, pristine
+            return sets, pools, self.impl.reference(sets[0], case.params), pristine
 
     def forget(self, key: tuple) -> None:
         """Drop a shape's inputs, reference and baseline output (after its last case)."""
@@ -396,11 +398,11 @@ class CasePipeline:
             chk: Check = self.impl.check(inp, out, expected, case.params)
             rec.checks["ref_check"] = chk.detail
             vacuity = self.impl.nonvacuity(inp, out, case.params)
+            mine = out.clone() if self.spec.baseline and not inexact else None
             damage = self._damage(pristine, built, key, fresh)  # before the baseline launch reads the inputs
-        if self.spec.baseline and not inexact:
+        if mine is not None:
             import torch
 
-            mine = out.clone()
             with self._phase("baseline launch"):
                 base = self.baseline_output(case, inp)
             with self._phase("check"):

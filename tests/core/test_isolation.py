@@ -170,9 +170,11 @@ def count_spec(tmp_path: Path, name: str, variants: list[str], tokens=(0, 30)) -
     return spec
 
 
-def moebench(*args, timeout=240):
-    env = {k: v for k, v in os.environ.items() if k not in ("MOEBENCH_PLUGINS", "PYTHONPATH")}
-    env.update(TRITON_INTERPRET="1", COLUMNS="200", PYTHONPATH=str(ROOT))
+def moebench(*args, timeout=240, interpret=True):
+    env = {k: v for k, v in os.environ.items() if k not in ("MOEBENCH_PLUGINS", "PYTHONPATH", "TRITON_INTERPRET")}
+    env.update(COLUMNS="200", PYTHONPATH=str(ROOT))
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
     return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -214,6 +216,7 @@ def test_a_variant_that_changes_its_input_fails_alone(tmp_path):
     for x in got["clobber"]:
         assert x["status"] == "mismatch" and x["checks"]["inputs_intact"] is False
         assert "changed its input routing_map" in x["error"]
+        assert x["checks"]["ref_check"] == "exact" and x["checks"]["baseline_equal"] is True  # its output was right
     assert_exact(got["persistent"] + got["nonpersistent"])
 
 
@@ -344,3 +347,36 @@ def test_the_watchdog_kills_a_child_deaf_to_the_case_limit(monkeypatch):
     assert sorted(got) == sorted(c.id for c in cases)
     assert got[cases[1].id].status == "error" and got[cases[1].id].error.startswith("CaseTimeLimit")
     assert got[cases[0].id].status == got[cases[2].id].status == "ok"
+
+
+FAR_STORE_PLUGIN = BAD_PLUGIN + '''
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _far_store(ptr):
+    tl.store(ptr + (1 << 40), 1)  # 4 TiB past the counters: an illegal address on a GPU
+
+
+@COUNT.variant("far", doc="a store far out of bounds")
+def build_far(inp, params, device):
+    return _counting(inp, params, lambda: _far_store[(1,)](inp.counts))
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("isolate", [False, True], ids=["here", "isolated"])
+def test_a_store_far_out_of_bounds_on_a_gpu_fails_its_case_only(tmp_path, isolate):
+    """Before: a plugin store far out of bounds ended the run (rc 139), or, as a CUDA error, failed
+    every later case in the poisoned context."""
+    spec = count_spec(tmp_path, "far", ["far", "persistent"])
+    (tmp_path / "bad.py").write_text(FAR_STORE_PLUGIN)
+    r = moebench("sweep", spec, "--out", tmp_path, *(["--isolate"] if isolate else []), interpret=False, timeout=600)
+    assert r.returncode == 1, r.stderr
+    got = by_variant(tmp_path, "far")
+    assert {x["status"] for x in got["far"]} == {"error"}
+    assert all("illegal" in x["error"] or "SIGSEGV" in x["error"] for x in got["far"]), got["far"]
+    for x in got["persistent"]:
+        assert x["status"] == "ok" and x["checks"]["baseline_equal"] is True and x["timing"]["median_us"] > 0
