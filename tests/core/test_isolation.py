@@ -380,3 +380,10 @@ def test_a_store_far_out_of_bounds_on_a_gpu_fails_its_case_only(tmp_path, isolat
     assert all("illegal" in x["error"] or "SIGSEGV" in x["error"] for x in got["far"]), got["far"]
     for x in got["persistent"]:
         assert x["status"] == "ok" and x["checks"]["baseline_equal"] is True and x["timing"]["median_us"] > 0
+
+
+def test_isolate_on_a_host_only_family_is_one_line(tmp_path, capsys):
+    from clirun import run_cli
+
+    code, _, err = run_cli(["sweep", "combine-lds", "--quick", "--isolate", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--isolate: family 'combine' is host-only" in err and "Traceback" not in err
