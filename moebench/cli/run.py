@@ -84,7 +84,7 @@ CASE_LIMIT_MAX_S = 1e6
 
 def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bool, force: bool,
             cross_check: str | None, time_it: bool, devices: str | None = None,
-            case_limit: float = CASE_LIMIT_S) -> int:
+            case_limit: float = CASE_LIMIT_S, isolate: bool = False) -> int:
     """Run a planned sweep or verify matrix and write its results; returns the exit code. Every
     option is checked before the first case runs, and the run holds its output's lock throughout."""
     from moebench.core.device import host_device, load_or_measure_ceilings
@@ -117,7 +117,9 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
             raise UsageError(f"--devices: one worker per CUDA device, but this run is on {device.name}"
                              + (" (a host-only family)" if host_only else "; drop --devices or --interpret"))
         gpus = parse_devices(devices)
-    select(cross, backend=device.backend, timed=timed, workers=bool(gpus))  # a pass that cannot run here: exit 2
+    if isolate and host_only:
+        raise UsageError(f"--isolate: family {spec.family.name!r} is host-only (it runs no kernel); drop --isolate")
+    select(cross, backend=device.backend, timed=timed, workers=bool(gpus) or isolate)  # one that cannot run: exit 2
     environ = dict(os.environ)  # the run's environment, handed down; read once
     check_environment(spec, p.cases, device, environ)  # kill-switch variables: exit 2 before any case
     if time_it:  # the measured run-to-run term (moebench.core.noise); a malformed model: exit 2 here
@@ -177,12 +179,15 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
                        case_limit_s=case_limit or None)
 
         summary = None
-        workers = None
-        if gpus:
-            from moebench.parallel.workers import pool
+        from moebench.parallel.workers import isolated, pool
 
-            workers = pool(spec, gpus, opts)
-        events = run_sweep(spec, p.cases, opts, device, done=done, workers=workers, environ=environ)  # made lazily
+        workers = fallback = None
+        if gpus or isolate:
+            workers = pool(spec, gpus, opts, isolate=isolate) if gpus else isolated(spec, opts, device.backend)
+        elif not host_only:  # after a CUDA error that poisons this process's context: the rest in a fresh one
+            fallback = isolated(spec, opts, device.backend)
+        events = run_sweep(spec, p.cases, opts, device, done=done, workers=workers, environ=environ,
+                           fallback=fallback)  # made lazily
         with sigterm_as_interrupt(), Bar(spec.name, len(p.cases) - len(done)) as bar:
             try:
                 for ev in events:
@@ -263,6 +268,9 @@ FORCE_OPT = typer.Option(False, "--force", help="Run more cases than the spec's 
                          "of a million), and replace results files that hold more records than this run.")
 RESUME_OPT = typer.Option(False, "--resume", help="Keep the finished records of an earlier run into the same OUT "
                           "made under the same settings, and run only the other cases.")
+ISOLATE_OPT = typer.Option(False, "--isolate", help="Run the cases in a child process, so that one which crashes it "
+                           "(a segfault, an abort, a CUDA error) or hangs is recorded as failed and a fresh child runs "
+                           "the rest. Costs a process start, and one more per crash.")
 CASE_LIMIT_OPT = typer.Option(CASE_LIMIT_S, "--case-limit", help="Under the Triton interpreter, stop a case after "
                               "this many seconds and record it as an error (0: no limit; at most 1e6).")
 
@@ -290,6 +298,7 @@ def sweep(
                                         "SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set."),
     devices: Optional[str] = typer.Option(None, "--devices", help="all or 0,1,...: one worker process per GPU."),
     case_limit: float = CASE_LIMIT_OPT,
+    isolate: bool = ISOLATE_OPT,
     timing: Optional[str] = typer.Option(None, "--timing", help="Override timer settings of the spec, e.g. "
                                          "groups=4,placement_memory=private (the keys of a spec's timing: block)."),
     noise: Optional[str] = typer.Option(None, "--noise", help="The run-to-run term of the stated intervals: auto "
@@ -308,7 +317,8 @@ def sweep(
         print_plan(p)
         raise typer.Exit(ExitCode.OK)
     raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats=formats, resume=resume, force=force,
-                             cross_check=cross_check, time_it=True, devices=devices, case_limit=case_limit))
+                             cross_check=cross_check, time_it=True, devices=devices, case_limit=case_limit,
+                             isolate=isolate))
 
 
 @app.command(short_help="The spec's correctness matrix only, e.g. 2280/2280 exact.")
@@ -321,6 +331,7 @@ def verify(
     force: bool = FORCE_OPT,
     resume: bool = RESUME_OPT,
     case_limit: float = CASE_LIMIT_OPT,
+    isolate: bool = ISOLATE_OPT,
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
@@ -328,4 +339,4 @@ def verify(
     use_sources(plugin, megatron_lm, interpret=interpret)
     p = plan(spec, quick=quick, verify=True, force=force, l2=None, shard=None)
     raise typer.Exit(execute(p, out_dir=out_dir, interpret=interpret, formats=formats, resume=resume, force=force,
-                             cross_check=None, time_it=False, case_limit=case_limit))
+                             cross_check=None, time_it=False, case_limit=case_limit, isolate=isolate))

@@ -19,7 +19,11 @@ What the driver owns:
 - where the cases run: here, through a CasePipeline (moebench.core.pipeline), with inputs built
   ahead on background threads; or on workers, a callable `workers(cases, passes, environ)` yielding
   records (moebench.parallel.workers builds one per GPU: core never imports parallel);
-- the record order, baseline deltas and compile accounting of the Summary.
+- the record order, baseline deltas and compile accounting of the Summary;
+- what happens after a case leaves this process's CUDA context unusable (an illegal address: see
+  `poisons_context`): with a `fallback` (a `workers` callable: moebench.parallel.workers.isolated,
+  which the CLI hands in), the rest of the run goes on in fresh child processes, and no after-all
+  pass runs here. `--isolate` runs every case in a child from the start (the CLI's `workers`).
 
 Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py (or a module imported
 before the run), subclass `Pass`, give it a `name` (what `--cross-check` takes), its `columns`, where
@@ -51,6 +55,16 @@ from moebench.core.spec import Spec
 
 # workers(cases, passes, environ) -> records as they finish (moebench.parallel.workers)
 Workers = Callable[[Sequence[Case], Sequence[Pass], Mapping[str, str]], Iterator[Record]]
+
+# CUDA errors after which a process's context is unusable: every later launch in it would fail. A
+# run meeting one goes on in a fresh process (the driver's `fallback`; a per-GPU worker leaves).
+STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
+                      "device-side assert", "illegal instruction")
+
+
+def poisons_context(rec: Record) -> bool:
+    """Whether a record's error is one that leaves its process's CUDA context unusable."""
+    return rec.status == "error" and any(s in (rec.error or "") for s in STICKY_CUDA_ERRORS)
 
 
 @dataclass
@@ -104,12 +118,16 @@ class Driver:
 
     def __init__(self, spec: Spec, device: DeviceInfo, options: Options, *, environ: Mapping[str, str] | None = None,
                  workers: Workers | None = None, passes: Sequence[Pass] | None = None, timer: Timer | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, fallback: Workers | None = None):
         self.spec = spec
         self.device = device
         self.opts = options
         self.environ = dict(os.environ) if environ is None else environ
         self.workers = workers
+        # where the rest of a run here goes after a case left this process's CUDA context unusable
+        # (fresh child processes: moebench.parallel.workers.isolated); None: it stays here
+        self.fallback = fallback
+        self.fell_back: str | None = None  # the error that sent the rest of the run to the fallback
         self.clock = clock
         if passes is None:
             passes = select(options.cross, backend=device.backend, timed=options.time_it, workers=workers is not None)
@@ -163,7 +181,7 @@ class Driver:
                         records.append(ev.record)
                     yield ev
             for p in self.passes:
-                if not p.has_after_all():
+                if not p.has_after_all() or self.fell_back:  # (this process's context is gone)
                     continue
                 if p.announce:
                     yield Profiling(p.announce)
@@ -226,6 +244,12 @@ class Driver:
                     if last.get(key) == i:
                         pipe.forget(key)
                 yield Finished(rec, i, n)
+                if self.fallback is not None and poisons_context(rec) and i + 1 < n:
+                    self.fell_back = rec.error.splitlines()[0]
+                    per_case = [p for p in self.passes if not p.has_after_all() and p.in_workers]
+                    for j, later in enumerate(self.fallback(cases[i + 1:], per_case, self.environ)):
+                        yield Finished(later, i + 1 + j, n)
+                    return
         finally:
             if ahead is not None:
                 ahead.close()
@@ -233,7 +257,7 @@ class Driver:
 
 def run_sweep(spec: Spec, cases: Sequence[Case], options: Options, device: DeviceInfo, *,
               done: Mapping[str, Record] | None = None, workers: Workers | None = None,
-              environ: Mapping[str, str] | None = None) -> Iterator[Event]:
-    """Driver(spec, device, options, environ=environ, workers=workers).run(cases, done=done), made
-    when the first event is asked for."""
-    yield from Driver(spec, device, options, environ=environ, workers=workers).run(cases, done=done)
+              environ: Mapping[str, str] | None = None, fallback: Workers | None = None) -> Iterator[Event]:
+    """Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback).run(cases,
+    done=done), made when the first event is asked for."""
+    yield from Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback).run(cases, done=done)

@@ -1,13 +1,20 @@
 """The case pipeline: one case from its spec values to its Record.
 
-    case -> resolve launch values (once) -> inputs -> variant closure -> reset/poison -> run once
-         -> verify (torch reference, baseline launch) -> time (moebench.core.placements.Timer)
-         -> the passes' per-case hooks -> Record
+    case -> resolve launch values (once) -> inputs (set 0 put back as built) -> variant closure
+         -> reset/poison -> run once -> verify (torch reference, what it did to its inputs, baseline
+         launch) -> time (moebench.core.placements.Timer) -> the passes' per-case hooks -> Record
 
 `CasePipeline.run_case` runs one case; the run driver (moebench.core.driver) runs the cases of a
 sweep, verify, resume, ab and every per-GPU worker through it. It never prints. A case that fails
 is recorded with its error and the run goes on; a case whose kernel source is missing (an upstream
 kernel not installed here) is recorded as `unavailable` with what to install.
+
+A bad variant fails only its own cases: the variants of a shape share its input sets, so set 0 is
+copied as built (`_Pristine`) and put back before each variant, and a variant that wrote outside its
+output (the poisoned guard cells) or into an input fails with that said, while the others pass. A
+`sys.exit()` in a builder, launch or input builder is that case's error. A background input build
+still running at the case limit is left behind (`_DaemonPool`), so neither the next shape nor the
+end of the run waits for it. A crash of the process itself is the driver's business (`--isolate`).
 
 Each launch value is resolved once per case, in `resolve`: the spec's value, a kill-switch variable
 (MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) read from the injected `environ` or its
@@ -49,6 +56,12 @@ PREFETCH_DEPTH_PER_WORKER = 2
 # act-grid's about 1 GiB. Otherwise each shape is built when its first case comes, as before.
 PREBUILD_MAX_BYTES = 4 << 30
 PREBUILD_FREE_SHARE = 0.25
+# Each shape's checked input set (set 0) is copied as built, so that what one variant does to it (a
+# store past its output into the poisoned guard cells, a write into an input) is undone before the
+# next variant and blamed on the variant that did it. Up to this many bytes of copies, smallest
+# storages first: the guard buffers and small inputs always; past it, a shape's largest inputs go
+# unchecked (a 48-layer step's expert weights).
+PRISTINE_MAX_BYTES = 2 << 30
 
 
 @dataclass
@@ -144,9 +157,11 @@ class CasePipeline:
         self.clock = clock
         self._inputs: dict[tuple, list] = {}  # shape key -> input sets
         self._pools: dict[tuple, list] = {}  # shape key -> the memory pools of those sets (private placements)
+        self._pristine: dict[tuple, _Pristine] = {}  # shape key -> set 0 as built (undo what a variant did)
         self._ref: dict[tuple, Any] = {}
         self._base: dict[tuple, Any] = {}
-        self._ahead: dict[tuple, Any] = {}  # shape key -> Future of (sets, pools, reference), built in the background
+        self._ahead: dict[tuple, Any] = {}  # shape key -> Future of (sets, pools, reference, pristine copy), built ahead
+        self._abandon: Callable[[Any], None] | None = None  # told of a background build given up at the case limit
         self._compiled: set[tuple] = set()
         self.compile_s_total = 0.0
         self.events: list = []  # Retimed events of the case running, for the driver to hand on
@@ -194,6 +209,12 @@ class CasePipeline:
         except Unavailable as e:
             rec.status = "unavailable"
             rec.error = str(e)
+        except SystemExit as e:  # a plugin's builder, launch or input builder: that case fails, the run goes on
+            rec.status = "error"
+            rec.error = (f"SystemExit: the case called sys.exit({e.code!r}) (in its variant's builder or launch, or "
+                         "its family's inputs or reference); a variant returns or raises, it does not end the run")
+            if self.opts.traceback:
+                rec.error += "\n" + traceback.format_exc()
         except Exception as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
             rec.status = "error"
             rec.error = f"{type(e).__name__}: {_one_line(e)}"
@@ -212,8 +233,14 @@ class CasePipeline:
         n = self.placements.n_sets(case.params)
         have = self._inputs.get(key)
         if (have is None or len(have) < n) and key in self._ahead:
-            sets, pools, ref = self._ahead.pop(key).result()  # (the caller's "inputs" phase holds the wait)
-            self._keep_inputs(key, sets, pools)
+            ahead = self._ahead.pop(key)
+            try:
+                sets, pools, ref, pristine = ahead.result()  # (the caller's "inputs" phase holds the wait)
+            except CaseTimeLimit:  # stuck in the background (a plugin's input builder that hangs): leave it
+                if self._abandon is not None:
+                    self._abandon(ahead)
+                raise
+            self._keep_inputs(key, sets, pools, pristine)
             if ref is not None:
                 self._ref.setdefault(key, ref)
             have = sets
@@ -222,12 +249,14 @@ class CasePipeline:
             self._keep_inputs(key, sets, pools)
         return self._inputs[key][:n]
 
-    def _keep_inputs(self, key: tuple, sets: list, pools: list) -> None:
+    def _keep_inputs(self, key: tuple, sets: list, pools: list, pristine: "_Pristine | None" = None) -> None:
         if len(self._inputs) > 4:  # keep memory bounded: inputs are rebuilt on demand
             self._inputs.clear()
             self._pools.clear()
+            self._pristine.clear()
         self._inputs[key] = sets
         self._pools[key] = pools
+        self._pristine[key] = pristine or _Pristine(sets[0], PRISTINE_MAX_BYTES)  # before any variant touched it
 
     def _build_sets(self, case: Case, n: int) -> tuple[list, list]:
         """`n` input sets of a case's shape, each in its own memory pool with private placements."""
@@ -239,17 +268,19 @@ class CasePipeline:
             pools.append(pool)
         return sets, pools
 
-    def _build_shape(self, case: Case) -> tuple[list, list, Any]:
-        """A shape's input sets and its reference, for the background (see _Ahead)."""
+    def _build_shape(self, case: Case) -> tuple[list, list, Any, "_Pristine"]:
+        """A shape's input sets, its reference and the copy of set 0 as built, for the background
+        (see _Ahead)."""
         with self._phase("inputs + reference (background threads)"):
             sets, pools = self._build_sets(case, self.placements.n_sets(case.params))
+            pristine = _Pristine(sets[0], PRISTINE_MAX_BYTES)
             if self.fam.reference_after_build:
-                return sets, pools, None
-            return sets, pools, self.impl.reference(sets[0], case.params)
+                return sets, pools, None, pristine
+            return sets, pools, self.impl.reference(sets[0], case.params), pristine
 
     def forget(self, key: tuple) -> None:
         """Drop a shape's inputs, reference and baseline output (after its last case)."""
-        for d in (self._inputs, self._pools, self._ref, self._base):
+        for d in (self._inputs, self._pools, self._ref, self._base, self._pristine):
             d.pop(key, None)
 
     @contextmanager
@@ -264,7 +295,8 @@ class CasePipeline:
 
     def _check_memory(self, case: Case, n_sets: int) -> None:
         """Refuse a case whose inputs would not fit, before allocating anything."""
-        need = self.impl.input_bytes(case.params) * n_sets
+        per = self.impl.input_bytes(case.params)
+        need = per * n_sets + min(per, PRISTINE_MAX_BYTES)  # and the copy of set 0 as built (_Pristine)
         if self.torch_device == "cuda":
             import torch
 
@@ -332,15 +364,25 @@ class CasePipeline:
 
     def _kernel_case(self, case: Case, params: dict, rec: Record) -> None:
         builder = self.fam.builder(case.variant)
+        key = shape_key(case, self.fam.shape_params)
         with self._phase("inputs"):
             sets = self.inputs(case)
         inp = sets[0]
+        pristine = self._pristine.get(key)
+        fresh = (key not in self._ref, key not in self._base)  # what this case computes from the inputs
+        if pristine is not None:  # as built: guard cells poisoned, inputs as drawn, whatever ran before
+            with self._phase("check"):
+                pristine.restore()
+        if not self.fam.reference_after_build:
+            with self._phase("reference"):
+                expected = self.reference(case, inp)
         with self._phase("build closures"):
             built = builder(inp, params, self.device)
         # after the build: a family's reference may read what its builder prepared (the layer's
         # activation-alone scope reads the FC1 output the step wrote)
-        with self._phase("reference"):
-            expected = self.reference(case, inp)
+        if self.fam.reference_after_build:
+            with self._phase("reference"):
+                expected = self.reference(case, inp)
         rec.launch.update(built.geometry)
         rec.launch_from.update(built.launch_from)
         inexact = built.inexact  # why this launch cannot equal the baseline bit for bit
@@ -356,10 +398,11 @@ class CasePipeline:
             chk: Check = self.impl.check(inp, out, expected, case.params)
             rec.checks["ref_check"] = chk.detail
             vacuity = self.impl.nonvacuity(inp, out, case.params)
-        if self.spec.baseline and not inexact:
+            mine = out.clone() if self.spec.baseline and not inexact else None
+            damage = self._damage(pristine, built, key, fresh)  # before the baseline launch reads the inputs
+        if mine is not None:
             import torch
 
-            mine = out.clone()
             with self._phase("baseline launch"):
                 base = self.baseline_output(case, inp)
             with self._phase("check"):
@@ -368,9 +411,12 @@ class CasePipeline:
             rec.checks["baseline_equal"] = None
             rec.checks["baseline_skipped"] = inexact
         rec.checks.update(vacuity)
-        if not chk.ok or rec.checks.get("baseline_equal") is False:
+        if not chk.ok or rec.checks.get("baseline_equal") is False or damage:
             rec.status = "mismatch"
-            rec.error = chk.detail if not chk.ok else "differs from the baseline launch (torch.equal)"
+            rec.error = (chk.detail if not chk.ok else damage if damage else
+                         "differs from the baseline launch (torch.equal)")
+            if damage:
+                rec.checks["inputs_intact"] = False
 
         rec.work = self.fam.work_model(case.variant, self.impl)(case.params, built.geometry, self.device)
         occupancy(rec.work, self.device)
@@ -384,6 +430,26 @@ class CasePipeline:
             builts = [built] + [builder(s, params, self.device) for s in rotation[1:]]
         with self._phase("timing"):
             self._time(case, rec, builts, lambda inp_: builder(inp_, params, self.device), rotation, copies)
+        with self._phase("check"):
+            damage = self._damage(pristine, built, key, (False, False))  # what the timed launches did
+        if damage and rec.status == "ok":
+            rec.status, rec.error = "mismatch", f"while timed: {damage}"
+            rec.checks["inputs_intact"] = False
+
+    def _damage(self, pristine: "_Pristine | None", built, key: tuple, fresh: tuple[bool, bool]) -> str:
+        """What the variant's launches did to its input set besides writing its output, as the
+        record's error ("" if nothing), the set restored for the baseline launch and the next
+        variant. A reference or baseline output this case computed from the damaged inputs is
+        dropped, so the next case computes it again."""
+        if pristine is None:
+            return ""
+        what = pristine.damage(built.output, getattr(self.impl, "WORKSPACE", ()))
+        if what:
+            pristine.restore()
+            for made, store in zip(fresh, (self._ref, self._base)):
+                if made:
+                    store.pop(key, None)
+        return what
 
     def _time(self, case: Case, rec: Record, builts: list, rebuild, sets: list, held: list) -> None:
         """Time the case (the Timer), read it against its floors, then run the passes' per-case hooks
@@ -406,6 +472,86 @@ class CasePipeline:
         if self.fam.graph_launches is not None:
             n = max(1, min(n, self.fam.graph_launches(case.params, n)))
         return n
+
+
+def _tensors(obj, name: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """(field name, tensor) for every tensor an input set holds: its dataclass fields or attributes,
+    and the items of its lists, tuples and dicts, three levels down."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield name or "inputs", obj
+        return
+    if depth > 3 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return
+    if isinstance(obj, dict):
+        items = [(str(k), v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        items = [(f"[{i}]", v) for i, v in enumerate(obj)]
+    elif hasattr(obj, "__dict__"):
+        items = list(vars(obj).items())
+    else:
+        return
+    for k, v in items:
+        yield from _tensors(v, f"{name}.{k}" if name and not k.startswith("[") else f"{name}{k}", depth + 1)
+
+
+class _Pristine:
+    """A shape's checked input set as built: a copy of the bytes of each memory storage its tensors
+    view (a counter view and its guard cells share one), smallest first up to `budget` bytes.
+    `restore` puts them back; `damage` says what a launch changed besides its output."""
+
+    def __init__(self, inp, budget: int):
+        import torch
+
+        storages: dict[tuple, tuple[Any, list[str]]] = {}
+        for name, t in _tensors(inp):
+            st = t.untyped_storage()
+            if st.nbytes():
+                storages.setdefault((str(st.device), st.data_ptr()), (st, []))[1].append(name)
+        self.items: list[tuple[list[str], Any, Any]] = []  # (field names, the live bytes, their copy)
+        used = 0
+        for st, names in sorted(storages.values(), key=lambda e: e[0].nbytes()):
+            if used + st.nbytes() > budget:
+                break
+            live = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+            self.items.append((names, live, live.clone()))
+            used += st.nbytes()
+
+    def restore(self) -> None:
+        for _, live, copy in self.items:
+            live.copy_(copy)
+
+    def damage(self, output, workspace: tuple[str, ...] = ()) -> str:
+        """What differs from the set as built, outside the launch's output and the family's
+        `workspace` fields (tensors its launches write besides the output, e.g. the layer's
+        scratch): bytes of the output's buffer around it (its guard cells), and other storages
+        (the variant's inputs). "" when nothing did."""
+        import torch
+
+        outs = {}  # storage pointer -> (first byte, end byte) the output may write
+        for _, t in _tensors(output):
+            st = t.untyped_storage()
+            lo = t.storage_offset() * t.element_size()
+            span = (lo, lo + t.numel() * t.element_size()) if t.is_contiguous() else (0, st.nbytes())
+            outs[st.data_ptr()] = span
+        inputs, outside = [], []
+        for names, live, copy in self.items:
+            ptr = live.untyped_storage().data_ptr()
+            if ptr in outs:
+                lo, hi = outs[ptr]
+                if not (torch.equal(live[:lo], copy[:lo]) and torch.equal(live[hi:], copy[hi:])):
+                    outside.append(names[0])
+            elif not any(n.split(".")[0].split("[")[0] in workspace for n in names):
+                if not torch.equal(live, copy):
+                    inputs.append(" / ".join(names))
+        what = []
+        if outside:
+            what.append(f"wrote outside its output (into the guard cells of {', '.join(outside)})")
+        if inputs:
+            what.append(f"changed its input{'s' if len(inputs) > 1 else ''} {', '.join(inputs)} (a launch may write "
+                        "only its output; restored for the other variants)")
+        return "; ".join(what)
 
 
 def _one_line(e: BaseException) -> str:
@@ -434,16 +580,98 @@ def prefetch_workers(environ: Mapping[str, str] | None = None) -> int:
     return max(1, min(PREFETCH_MAX_WORKERS, (os.cpu_count() or 2) // 2))
 
 
+class _DaemonPool:
+    """A pool of daemon threads running submitted calls into Futures. Unlike ThreadPoolExecutor's
+    workers (joined at interpreter exit), a thread stuck for good in a call (a plugin's input
+    builder that never returns) holds up neither `shutdown` nor the process's exit: `abandon` the
+    call's Future and a fresh thread takes the stuck one's place."""
+
+    def __init__(self, workers: int, name: str):
+        import queue
+
+        self.name = name
+        self.queue: Any = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.running: dict[threading.Thread, Any] = {}  # thread -> the Future it runs (None: idle)
+        self.stuck: set[threading.Thread] = set()
+        for _ in range(max(1, workers)):
+            self._start()
+
+    def _start(self) -> None:
+        t = threading.Thread(target=self._work, name=f"{self.name}-{len(self.running) + len(self.stuck)}", daemon=True)
+        with self.lock:
+            self.running[t] = None
+        t.start()
+
+    def _work(self) -> None:
+        me = threading.current_thread()
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            with self.lock:
+                self.running[me] = fut
+            try:
+                result = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - surfaces in the case that needs it
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+            with self.lock:
+                if me in self.stuck:  # it was given up on: another thread took its place
+                    return
+                self.running[me] = None
+
+    def submit(self, fn: Callable, *args):
+        from concurrent.futures import Future
+
+        fut = Future()
+        self.queue.put((fut, fn, args))
+        return fut
+
+    def abandon(self, fut) -> None:
+        """Give up on `fut`: the thread running it is left alone and another starts in its place."""
+        fut.cancel()
+        with self.lock:
+            held = [t for t, f in self.running.items() if f is fut]
+            for t in held:
+                del self.running[t]
+                self.stuck.add(t)
+        if held:
+            self._start()
+
+    def shutdown(self) -> None:
+        """Cancel what has not started, then wait for the calls running, except those abandoned."""
+        import queue
+
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        with self.lock:
+            live = list(self.running)
+        for _ in live:
+            self.queue.put(None)
+        for t in live:
+            t.join()
+
+
 class _Ahead:
     """Builds the inputs and references of shapes on background threads. In an untimed run it keeps
     the next shapes in flight while the main thread runs the current case (`feed`); in a timed run
     it builds every shape before the first case (`build_all`), so nothing runs in the background
     while anything is timed. Family input builders seed their own generators, so the data does not
-    depend on which thread built it. A failure surfaces in the case that needs the shape."""
+    depend on which thread built it. A failure surfaces in the case that needs the shape; a build
+    still running at that case's limit is given up (its thread left behind, another in its place),
+    so the next shapes and the end of the run do not wait for it."""
 
     def __init__(self, pipeline: "CasePipeline", cases: list[Case]):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.s = pipeline
         workers = prefetch_workers(pipeline.environ)
         self.depth = workers * PREFETCH_DEPTH_PER_WORKER
@@ -455,7 +683,8 @@ class _Ahead:
         self.pos = {k: j for j, (k, _) in enumerate(self.shapes)}
         self.keys, self.cases = keys, cases
         self.next = 0
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="moebench-inputs")
+        self.pool = _DaemonPool(workers, "moebench-inputs")
+        pipeline._abandon = self.pool.abandon
 
     def feed(self, i: int) -> None:
         """Case i is next: keep the shapes up to `depth` past its own submitted."""
@@ -479,5 +708,6 @@ class _Ahead:
         self.next = len(self.shapes)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown()
         self.s._ahead.clear()
+        self.s._abandon = None

@@ -14,6 +14,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,32 +74,59 @@ def parse_devices(text: str) -> list[int]:
     return picked
 
 
-def pool(spec: "Spec", devices: Sequence[int], opts: "Options"):
-    """The run driver's `workers` for these GPUs: a callable (cases, passes, environ) -> records."""
+def pool(spec: "Spec", devices: Sequence[int], opts: "Options", *, isolate: bool = False):
+    """The run driver's `workers` for these GPUs: a callable (cases, passes, environ) -> records.
+    `isolate`: a worker that dies (or leaves after a CUDA error) is replaced by a fresh one."""
 
     def run(cases: Sequence["Case"], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator["Record"]:
-        return run_on_devices(spec, cases, devices, opts=opts, passes=passes, environ=environ)
+        return run_on_devices(spec, cases, devices, opts=opts, passes=passes, environ=environ, respawn=isolate)
 
     return run
 
 
+def isolated(spec: "Spec", opts: "Options", backend: str):
+    """The run driver's `workers` for `--isolate` on one device: the cases run one at a time in a
+    child process, so a case that crashes it (a segfault, an abort, a CUDA error that poisons the
+    context) or hangs past the case limit is recorded as failed with what happened, and a fresh
+    child runs the rest. On a GPU the child sees this process's first GPU; otherwise it runs the
+    kernels under the Triton interpreter."""
+    if backend == "cuda":
+        return pool(spec, [0], opts, isolate=True)
+
+    def run(cases: Sequence["Case"], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator["Record"]:
+        return _run_workers(spec.path, cases, ["isolated"], True, opts=opts, sweep=spec.name,
+                            spec_sha256=spec.sha256, labels=["CPU (isolated)"], passes=passes, environ=environ,
+                            respawn=True)
+
+    return run
+
+
+# A child still holding a case this long after the case limit (its own alarm did not stop it: a
+# hang in C code) is killed by the parent.
+WATCHDOG_GRACE_S = 10.0
+
+
 def run_on_devices(spec: "Spec", cases: Sequence["Case"], devices: Sequence[int], *,
                    opts: "Options", passes: Sequence["Pass"] = (),
-                   environ: Mapping[str, str] | None = None) -> Iterator["Record"]:
+                   environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator["Record"]:
     """Run cases on several GPUs of this node, one worker process per GPU; yield records as they finish
     (in completion order). A worker that dies is reported as an error record for the case it held,
-    and the others drain the rest. The cases travel as they are, already expanded."""
+    and the others drain the rest (`respawn`: a fresh worker takes its place). The cases travel as
+    they are, already expanded."""
     if "torch" in sys.modules:  # what the parent cached (the ceilings' 4 GiB copy) is the workers' memory
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+        except RuntimeError:  # this process's context is gone (a CUDA error): the workers start afresh anyway
+            pass
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = [e.strip() for e in visible.split(",")] if visible is not None else None
     keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
     yield from _run_workers(spec.path, cases, keys, interpret=False, opts=opts, sweep=spec.name,
                             spec_sha256=spec.sha256, labels=[f"GPU {d}" for d in devices], passes=passes,
-                            environ=environ)
+                            environ=environ, respawn=respawn)
 
 
 @dataclass
@@ -113,13 +141,16 @@ class _Worker:
     fatal: str | None = None  # why it could not start
     leaving: str | None = None  # why it left early (a CUDA error that poisons its context)
     done: int = 0
+    key: str = ""
+    since: float = 0.0  # when it was handed the case it holds (time.monotonic)
+    killed: str | None = None  # why the parent killed it (a case past the limit)
     notes: list[str] = field(default_factory=list)
 
 
 def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Sequence[str], interpret: bool, *,
                  opts: "Options", sweep: str | None = None, spec_sha256: str | None = None,
                  labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
-                 environ: Mapping[str, str] | None = None,
+                 environ: Mapping[str, str] | None = None, respawn: bool = False,
                  _die_on: Mapping[str, int | str] | None = None) -> Iterator["Record"]:
     """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
 
@@ -129,9 +160,14 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
     knows which case a worker holds, and a worker killed at any moment cannot leave a shared queue
     locked for the others. `_die_on` is for tests: case id -> exit code makes the worker that draws
     that case exit with that code (a negative code: killed by that signal) instead of running it;
-    case id -> text makes it record that error instead (a CUDA error text: it leaves, as on a GPU).
+    case id -> text makes it record that error instead (a CUDA error text: it leaves, as on a GPU);
+    case id -> seconds (a float) makes it hang that long first, deaf to the case's own alarm.
     `passes`: pass instances whose per-case hooks run in every worker (pickled: module-level
     classes); `environ`: the run's environment (kill switches), None: this process's.
+    `respawn` (--isolate): a worker that died holding a case, was killed past the case limit or left
+    after a CUDA error is replaced by a fresh one with the same key while cases are left; under the
+    interpreter with a case limit, a worker still holding a case WATCHDOG_GRACE_S past the limit is
+    killed and its case recorded as CaseTimeLimit.
     """
     import multiprocessing as mp
     from multiprocessing.connection import wait
@@ -171,6 +207,7 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
                 pending.appendleft(nxt)
             return
         w.held = nxt
+        w.since = time.monotonic()
         w.stopped = nxt is None
 
     def handle(w: _Worker, msg: tuple) -> Iterator[Record]:
@@ -189,15 +226,37 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
         elif kind == "fatal":
             w.fatal = msg[1]
 
+    def start(key: str, label: str) -> None:
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        p = ctx.Process(target=_worker_main, name=f"moebench-{label.replace(' ', '')}", daemon=True,
+                        args=(str(key), interpret, str(spec_path), spec_sha256, payload, child_end,
+                              dict(_die_on or {})))
+        p.start()
+        child_end.close()
+        workers.append(_Worker(label, p, parent_end, key=str(key)))
+
+    limit = opts.case_limit_s if respawn and interpret and opts.case_limit_s else None
+
+    def overdue() -> float | None:
+        """Kill the workers past the case limit; the seconds until the next one would be."""
+        if limit is None:
+            return None
+        now, nxt = time.monotonic(), None
+        for w in workers:
+            if w.gone or w.held is None or w.killed:
+                continue
+            left = w.since + limit + WATCHDOG_GRACE_S - now
+            if left <= 0:
+                w.killed = (f"CaseTimeLimit: still running after {limit:g} s under the Triton interpreter "
+                            "(--case-limit) and not stopping; its process was killed")
+                w.proc.kill()
+            else:
+                nxt = left if nxt is None else min(nxt, left)
+        return nxt
+
     try:
         for key, label in zip(worker_keys, labels):
-            parent_end, child_end = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_worker_main, name=f"moebench-{label.replace(' ', '')}", daemon=True,
-                            args=(str(key), interpret, str(spec_path), spec_sha256, payload, child_end,
-                                  dict(_die_on or {})))
-            p.start()
-            child_end.close()
-            workers.append(_Worker(label, p, parent_end))
+            start(key, label)
         while not all(w.gone for w in workers):
             live = [w for w in workers if not w.gone]
             waitables = {}
@@ -205,7 +264,7 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
                 waitables[w.proc.sentinel] = w
                 if w.conn is not None:
                     waitables[w.conn] = w
-            for obj in wait(list(waitables)):
+            for obj in wait(list(waitables), timeout=overdue()):
                 w = waitables[obj]
                 if w.gone:
                     continue
@@ -233,9 +292,19 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
                     w.conn.close()
                     w.conn = None
                 code = w.proc.exitcode
+                replace = respawn and w.started and pending and (w.held is not None or w.leaving is not None)
                 if w.held is not None:
-                    yield dead_record(w.held, f"worker on {w.label} died ({_exit_text(code)})")
+                    why = w.killed or f"worker on {w.label} died ({_exit_text(code)})"
+                    if respawn and not w.killed:
+                        why = (f"crashed: its process died ({_exit_text(code)}); --isolate recorded it and ran the "
+                               "other cases in a fresh process")
+                    yield dead_record(w.held, why)
                     w.held = None
+                    if replace:
+                        start(w.key, w.label)
+                    continue
+                if replace:  # it left after a CUDA error: a fresh context for the rest
+                    start(w.key, w.label)
                 elif w.leaving is not None:
                     print(f"warning: worker on {w.label} left after {_cases(w.done)}: {w.leaving}; the other "
                           "workers take its share", file=sys.stderr)
@@ -301,10 +370,15 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
     try:
         cases, opts, passes, environ = pickle.loads(payload)
         from moebench.core.device import detect
-        from moebench.core.driver import Driver
+        from moebench.core.driver import Driver, poisons_context
         from moebench.core.records import Record
         from moebench.core.spec import load_spec
+        from moebench.families import catalogue
 
+        # the parent's plugin files ($MOEBENCH_PLUGINS) first: a spec's plugins: naming one of them
+        # then finds it loaded (loading the spec first would load it again from inside itself, when
+        # it asks for its family and the catalogue loads $MOEBENCH_PLUGINS)
+        catalogue()
         spec = load_spec(spec_path)
         if spec_sha256 and spec.sha256 != spec_sha256:
             raise UsageError(f"{spec_path} changed since the sweep started (sha256 {spec.sha256[:12]}, "
@@ -331,6 +405,9 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         if cid is None:
             break
         hook = die_on.get(cid)
+        if isinstance(hook, float):  # test hook: hang this long where the case's own alarm cannot stop it
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+            time.sleep(hook)
         if isinstance(hook, int):  # test hook: die holding this case
             if hook < 0:
                 os.kill(os.getpid(), -hook)
@@ -341,7 +418,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         else:
             rec = driver.run_case(by_id[cid])  # its graphs and placement copies go when it returns
         leaving = None
-        if rec.status == "error" and any(s in rec.error for s in STICKY_CUDA_ERRORS):
+        if poisons_context(rec):
             leaving = f"{rec.error.splitlines()[0]} (sticky: every later launch in this process would fail)"
         try:
             conn.send(("record", rec.to_json(), leaving))
@@ -350,12 +427,6 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         if leaving:
             break
     conn.close()
-
-
-# CUDA errors after which a process's context is unusable: a worker that meets one hands its
-# record back and leaves, so that one faulting case does not fail every later case on its GPU.
-STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
-                      "device-side assert", "illegal instruction")
 
 
 def _nvml_index() -> int | None:

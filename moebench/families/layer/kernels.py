@@ -604,6 +604,13 @@ def work(params: dict, geometry: dict, device) -> dict:
 
 # ----------------------------------------------------------------------------------- inputs
 
+# The fields of Inputs a step writes besides its output (the case pipeline restores them before each
+# variant but does not call a write to them a damaged input): the routing, counts, offsets,
+# permutation and GEMM buffers. x, valid, router, fc1 and fc2 are read only.
+WORKSPACE = ("routing_map", "probs", "top_values", "top_indices", "counts_buf", "counts", "starts", "ends", "n_used",
+             "dest", "perm", "permuted", "fc1_out", "act_out", "out")
+
+
 
 @dataclass
 class Inputs:
