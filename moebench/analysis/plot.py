@@ -19,7 +19,7 @@ from moebench.core.text import ordered
 from moebench.analysis.reference import Reference
 from moebench.core.records import Record, atomic_write_bytes
 from moebench.errors import UsageError
-from moebench.families import Preset
+from moebench.core.family import Preset
 
 
 TIMERS = {"graph-replay": "CUDA-graph replay"}
@@ -39,7 +39,7 @@ class Drawn:
 def preset_for(records: list[Record], x: str | None, series: str | None) -> Preset:
     """The family's plot preset (its catalogue's `plot`, else its default pivot), with --x and
     --series applied."""
-    from moebench.families import catalogue
+    from moebench.core.family import catalogue
 
     fam = records[0].family
     spec = catalogue().get(fam)

@@ -110,7 +110,7 @@ def beside_reference(records: list[Record], ref: Reference, rows: str, cols: str
     held fixed. Pivots with no reference cell at all are left out."""
     import pandas as pd
 
-    from moebench.core.report import pivots
+    from moebench.report.sweep import pivots
 
     ref_cells = {(value_of(r, rows), value_of(r, cols)): metric_of(r, metric) for r in ref.records}
     out = []

@@ -279,7 +279,7 @@ def recommend(
     With --emit: the launch values a runtime reads, for the mix (--weights, default all shapes alike)."""
     from moebench.analysis import read_results
     from moebench.analysis.recommend import explain, recommend_keys, regret_table
-    from moebench.families import catalogue
+    from moebench.core.family import catalogue
 
     prov, records = read_results(results)
     fam = catalogue().get(records[0].family)
@@ -492,7 +492,7 @@ def conformance(
     import pandas as pd
 
     from moebench.analysis import read_results
-    from moebench.analysis.conformance import page, rows, twins
+    from moebench.report.conformance import page, rows, twins
     from moebench.core.records import atomic_write_text
 
     pairs, sources = [], []

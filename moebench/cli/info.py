@@ -44,7 +44,7 @@ def list_(
     """Families, variants (with where each comes from), upstream kernels, built-in sweeps, model
     configs and the shipped reference tables."""
     from moebench.core.spec import builtin_models, builtin_sweeps
-    from moebench.families import broken, catalogue
+    from moebench.core.family import broken, catalogue
     from moebench.sources import upstream
 
     use_sources(plugin, megatron_lm)
@@ -98,9 +98,9 @@ def show(
     reference: Optional[str] = REFERENCE_OPT,
 ):
     """Print any results file as a PR-style pivot."""
-    from moebench.families import catalogue
+    from moebench.core.family import catalogue
     from moebench.core.records import load_results
-    from moebench.core.report import frame, pivots
+    from moebench.report.sweep import frame, pivots
 
     prov, records = load_results(results)
     if not records:
@@ -146,7 +146,7 @@ def show(
 def render(results: Path = typer.Argument(..., help="A results .json file; its .md is written beside it.")):
     """Re-render a results file's markdown page with this version's report code (no re-run)."""
     from moebench.core.records import atomic_write_text, load_results, spec_of
-    from moebench.core.report import sweep_markdown
+    from moebench.report.sweep import sweep_markdown
 
     dest = results.with_suffix(".md")
     if results.suffix.lower() == ".md" or dest.resolve() == results.resolve():

@@ -44,9 +44,9 @@ def merge(
     matrix and the timing settings; a case in two files must have identical results. Exit 1 when a
     case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
     from moebench.core.records import OutputLock, ResultsWriter, writable_dir
-    from moebench.core.report import sweep_markdown, verdict_line
+    from moebench.report.sweep import sweep_markdown, verdict_line
     from moebench.parallel.merge import merge_results
-    from moebench.families import catalogue
+    from moebench.core.family import catalogue
 
     fmts = parse_formats(formats)
     m = merge_results(files)

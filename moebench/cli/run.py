@@ -82,7 +82,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     from moebench.core.device import host_device, load_or_measure_ceilings
     from moebench.core.records import (OutputLock, ResultsWriter, existing_records, previous_records, provenance,
                                        record_key, result_stem, run_settings, stream_path, writable_dir)
-    from moebench.core.report import sweep_markdown, verdict_line
+    from moebench.report.sweep import sweep_markdown, verdict_line
     from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
     from moebench.core.passes import check_cross_checks, select
     from moebench.core.pipeline import Options, check_environment

@@ -37,7 +37,7 @@ from moebench.core.placements import Placements, Timer, floors, occupancy
 from moebench.core.records import Record
 from moebench.core.spec import Spec, Timing
 from moebench.errors import Unavailable
-from moebench.families import Check
+from moebench.core.family import Check
 
 # Background input building (untimed runs only: `verify`, interpreter runs). Workers: half the
 # cores, at most 8 (torch's own CPU kernels already use several threads each); $MOEBENCH_PREFETCH

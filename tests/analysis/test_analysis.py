@@ -231,7 +231,7 @@ def test_compare_cli_identical_files_all_same(tmp_path, monkeypatch, capsys):
 
 
 def _seed_recommendation(records, weights=None):
-    from moebench.families import catalogue
+    from moebench.core.family import catalogue
 
     over, config, group = recommend_keys(records, catalogue().get("count"))
     assert (over, config, group) == (["tokens"], ["block_size"], [])

@@ -19,7 +19,7 @@ from moebench.core.cases import expand
 from moebench.errors import SpecError
 from moebench.families.combine import FAMILY, LDS_BUDGET
 from moebench.families.combine import kernels as C
-from moebench.families import cdiv
+from moebench.core.family import cdiv
 from moebench.core.records import Record
 from moebench.core.spec import load_spec
 

@@ -13,7 +13,7 @@ from moebench.analysis.ab import OFF, ON, ab_markdown, ab_pairs, parse_setting, 
 from moebench.core.device import detect
 from moebench.core.records import Record
 from moebench.errors import Unavailable
-from moebench.families import get_family
+from moebench.core.family import get_family
 from moebench.families import layer as catalogue
 from moebench.families.layer import kernels as layer
 

@@ -6,7 +6,7 @@ NUM_BLOCKS CTAs striding over rows; the variants differ only in how NUM_BLOCKS i
 """
 
 from moebench.core.text import num
-from moebench.families import FamilySpec, Param, Preset
+from moebench.core.family import FamilySpec, Param, Preset
 
 OPS = ("silu_mul_bounded", "swiglu", "squared_relu")
 GATED_OPS = ("silu_mul_bounded", "swiglu")  # input is gate | up, output is half as wide

@@ -6,7 +6,7 @@ and nothing is timed. kernels.py holds the model (pure Python, no torch) and the
 variants; the results page's sections read records and that model.
 """
 
-from moebench.families import FamilySpec, Param
+from moebench.core.family import FamilySpec, Param
 
 # The LDS budget the PR sizes against: 320 KB. It reproduces every figure in the PR and review.
 LDS_BUDGET = 320 * 1024

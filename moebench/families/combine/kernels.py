@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from moebench.core.text import md_table
-from moebench.families import cdiv
+from moebench.core.family import cdiv
 from moebench.families.combine import FAMILY, LDS_BUDGET
 
 # A TDM row is 128 bytes: tiles are whole rows, and the pointer arrays are padded to one.

@@ -6,7 +6,7 @@ are in kernels.py.
 """
 
 from moebench.core.text import num
-from moebench.families import FamilySpec, Param, Preset
+from moebench.core.family import FamilySpec, Param, Preset
 
 
 def cost(params: dict) -> int:

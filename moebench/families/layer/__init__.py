@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from moebench.core.text import md_table, num
-from moebench.families import REQUIRED, FamilySpec, Param, get_family
+from moebench.core.family import REQUIRED, FamilySpec, Param, get_family
 from moebench.families.act import FAMILY as ACT
 from moebench.families.act import GATED_OPS, OPS
 from moebench.families.count import FAMILY as COUNT

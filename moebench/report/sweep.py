@@ -204,7 +204,7 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     # a family may add sections of its own (e.g. combine's band table), after the pivots
     if spec.family.sections is not None:
         out += [spec.family.sections(records), ""]
-    from moebench.analysis.conformance import section as twins_section
+    from moebench.report.conformance import section as twins_section
 
     twins = twins_section(records)
     if twins:

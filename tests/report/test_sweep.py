@@ -4,7 +4,7 @@ import json
 
 from clirun import run_cli
 from moebench.core.records import Record
-from moebench.core.report import markdown_table, pivots, verdict_line
+from moebench.report.sweep import markdown_table, pivots, verdict_line
 
 
 def rec(label, variant, cap, live, status="ok", ref="exact", us=None):

@@ -12,8 +12,8 @@ and writes the section: per change, the kernel sweep's saving, the saving of the
 the layer's shape, in one layer step, their ratio (the conversion), and the 48-layer graph's saving
 against 48 x the isolated one; then the fastest configurations in the step.
 
-    python -m moebench.analysis.layer_report results/h200 --kernel-dir results/h200 -o layer-report.md
-    python -m moebench.analysis.layer_report best-cap results/h200/layer.json    # prints the best cap
+    python -m moebench.report.layer_report results/h200 --kernel-dir results/h200 -o layer-report.md
+    python -m moebench.report.layer_report best-cap results/h200/layer.json    # prints the best cap
 
 Pure Python over results files: no torch.
 """
