@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from moebench.analysis import metric_of
+from moebench.core.baseline import launch_layers  # noqa: F401 - where the CLI reads it
 from moebench.core.stats import mean, pooled_sd, stdev
 from moebench.errors import UsageError
 
@@ -71,6 +72,12 @@ class ABStats:
     @property
     def n_on(self) -> int:
         return sum(len(a.values) for a in self.arms if a.side == ON)
+
+
+def reference_arms(ref) -> list:
+    """The published A/B iterations of a reference (empty where only arm means were published)."""
+    ab = ref.ab or {}
+    return [Arm(a["side"], [float(v) for v in a["values"]]) for a in ab.get("arms") or ()]
 
 
 def ab_stats(arms: Sequence[Arm], *, lower_is_better: bool = True) -> ABStats:
@@ -157,14 +164,6 @@ def projection_text(p: Projection | None) -> str:
     each = "one launch each" if p.per_launch == 1 else f"one launch per {p.per_launch} layers"
     return (f"Projected per step: {p.before:.1f} → {p.after:.1f} µs/step ({p.delta:+.1f} µs) over "
             f"{p.layers} MoE layers, {each}.")
-
-
-def launch_layers(family, params: dict) -> int:
-    """MoE layers one launch of a case covers: 1 unless the family says otherwise."""
-    hook = getattr(family, "layers_per_launch", None)
-    return max(1, int(hook(params))) if hook is not None else 1
-
-
 
 
 @dataclass(frozen=True)

@@ -150,10 +150,11 @@ def ab(
 
         md = ab_markdown(spec_name=sp.name, device=device.name, off=offs, on=ons, arms=arms, iters=iters,
                          pairs=pairs, layers=layers, timer_text=timer_text, per_launch=per_launch)
-        if fam.ab_sections is not None:  # the family's own reading of both arms (layer: the conversion)
-            extra = fam.ab_sections(records)
-            if extra:
-                md += "\n" + extra.rstrip() + "\n"
+        from moebench.report.sections import ab_section
+
+        extra = ab_section(fam, records)  # the family's own reading of both arms (layer: the conversion)
+        if extra:
+            md += "\n" + extra.rstrip() + "\n"
         ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
                   "moe_layers": layers,
                   "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,

@@ -124,7 +124,8 @@ def show(
     tables = [("measured", title, t) for title, t in pivots(records, rows, cols, metric, names)]
     ref = None
     if reference:
-        from moebench.analysis.reference import beside_reference, load_reference
+        from moebench.analysis.reference import load_reference
+        from moebench.report.reference import beside_reference
 
         ref = load_reference(reference)
         if ref.family != records[0].family:

@@ -138,7 +138,7 @@ class Driver:
         An interrupt (KeyboardInterrupt, or a signal the caller turns into one) ends the run with an
         incomplete Summary of what finished. If it lands in the caller while it handles an event,
         `throw` it into this generator: the Summary comes back from the throw."""
-        from moebench.report.sweep import add_baseline_deltas
+        from moebench.core.baseline import add_baseline_deltas
 
         spec, pipe = self.spec, self.pipeline
         cases = list(cases)

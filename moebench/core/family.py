@@ -61,6 +61,15 @@ class Param:
     model_key: str | None = None  # default taken from the model config under this key
     auto: str | None = None  # a value of 0 means this DeviceInfo attribute (grid 0 = sm_count)
     help: str = ""
+    # the value names a variant of this family (the layer's count_variant): the accepted values are
+    # the variants registered when the value is checked, plugins' included, not those at import
+    variant_of: str | None = None
+
+    def accepted(self) -> tuple | None:
+        """The values `choices` allows, or the variants `variant_of` has now; None for any value."""
+        if self.variant_of is not None:
+            return tuple(get_family(self.variant_of).variants)
+        return self.choices
 
     def check(self, value: Any) -> str | None:
         """What was expected, if `value` is not acceptable; else None."""
@@ -76,8 +85,9 @@ class Param:
         elif self.type is bool:
             if not isinstance(value, bool):
                 return f"expected true or false, got {show(value)}"
-        if self.choices is not None and value not in self.choices:
-            return f"expected one of {', '.join(map(str, self.choices))}; got {show(value)}"
+        choices = self.accepted()
+        if choices is not None and value not in choices:
+            return f"expected one of {', '.join(map(str, choices))}; got {show(value)}"
         if self.pow2 and (value <= 0 or value & (value - 1)):
             return f"must be a power of two, got {value}"
         if self.min is not None and value < self.min:
@@ -89,8 +99,9 @@ class Param:
     def allowed(self) -> str:
         """The accepted values, as a phrase for an error message."""
         bits = []
-        if self.choices is not None:
-            return "one of " + ", ".join(map(str, self.choices))
+        choices = self.accepted()
+        if choices is not None:
+            return "one of " + ", ".join(map(str, choices))
         if self.pow2:
             bits.append("a power of two")
         else:

@@ -122,7 +122,7 @@ def merge_results(paths: Sequence[Path]) -> Merged:
     m.records = sorted(records.values(),
                        key=lambda r: (order.get(r.case_id, len(order)), first_seen[r.case_id]))
     if m.spec is not None:
-        from moebench.report.sweep import add_baseline_deltas
+        from moebench.core.baseline import add_baseline_deltas
 
         add_baseline_deltas(m.spec, m.records)  # a shape's baseline may have run in another shard
 

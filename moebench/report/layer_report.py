@@ -27,7 +27,7 @@ from pathlib import Path
 from moebench.analysis.ab import separation_cell
 from moebench.core.records import atomic_write_text, load_results
 from moebench.core.text import md_table, num
-from moebench.families.layer import conversions
+from moebench.report.sections.layer import conversions
 
 HEADING = "## Which microbenchmark wins survive in a layer"
 # The decode shape the seeds argue from (256 live tokens in a 256-token graph), with the count at

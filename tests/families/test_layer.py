@@ -435,12 +435,15 @@ def test_an_ab_over_the_scopes_gives_the_conversion_table():
     assert [p.text for p in pairs] == ["layers=1, scope=count", "layers=1, scope=step", "layers=48, scope=step"]
     records = run_arms(pairs, off, on, arms=4, iters=3, make_runner=FakeRunner)
     assert {r.timing["ab_side"] for r in records} == {OFF, ON}
-    (conv,) = catalogue.conversions(records)
+    from moebench.report.sections import ab_section
+    from moebench.report.sections.layer import conversions
+
+    (conv,) = conversions(records)
     assert conv.kernel == "count" and conv.layers == 48
     assert conv.conversion == pytest.approx(2.5 / 3.2, abs=0.01)
     assert conv.projection == pytest.approx(-48 * 3.2, abs=0.5)
     assert conv.many_vs_projection == pytest.approx(110 / (48 * 3.2), abs=0.01)
-    md = spec.family.ab_sections(records)
+    md = ab_section(spec.family, records)
     assert "### What the saving is worth in the layer" in md
     assert "| count: -3.2" in md and "| 0.78 |" in md and "48: -110.0" in md
     # the per-step column: the kernel and the one-layer step are projected x 48, the 48-layer graph is measured
@@ -521,3 +524,48 @@ fixed: {{tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts:
     assert [r.status for r in recs] == ["ok", "ok"], [r.error for r in recs]
     assert all(r.checks["baseline_equal"] for r in recs)
     assert recs[0].checks["rows_written"] > 0 and recs[0].checks["rows_written"] <= recs[0].checks["rows_in_use"]
+
+
+def test_a_plugin_count_variant_runs_inside_the_layer(tmp_path):
+    """count_variant names any variant the count family has when the spec is read, a plugin's
+    included (examples/plugins/count_histogram.py): the step with the histogram count is bit-exact
+    with the baseline step and matches the reference; without the plugin the name is refused with
+    exit 2 listing the variants there are."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = tmp_path / "layer-hist.yaml"
+    spec.write_text(f"""
+name: layer-hist
+family: layer
+plugins: [{root / 'examples' / 'plugins' / 'count_histogram.py'}]
+model: qwen3-30b-a3b
+variants:
+  - {{variant: step, label: hist, params: {{count_variant: histogram, count_block_size: 64}}}}
+baseline: {{variant: step, count_variant: persistent, count_block_size: 1024, act_variant: legacy}}
+fixed: {{tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 4, local_expert_start: 4,
+        hidden: 64, ffn: 32, align: 4, count_grid: 4, act_variant: legacy, layers: 1}}
+""")
+    env = {k: v for k, v in os.environ.items() if k != "MOEBENCH_PLUGINS"}
+    env.update(TRITON_INTERPRET="1", COLUMNS="200", PYTHONPATH=str(root))
+
+    def moebench(*args):
+        return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    r = moebench("sweep", spec, "--interpret", "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(next((tmp_path / "out").rglob("layer-hist.json")).read_text())
+    hist = [x for x in doc["records"] if x["launch"].get("count_variant") == "histogram"]
+    assert hist and all(x["status"] == "ok" for x in doc["records"]), [x["error"] for x in doc["records"]]
+    assert hist[0]["checks"]["baseline_equal"] and hist[0]["checks"]["ref_check"]
+    assert hist[0]["launch"]["count_chunking"] == "strided"  # the plugin's own geometry, so its builder ran
+    assert hist[0]["launch"]["count_block_size"] == 64
+    spec.write_text(spec.read_text().replace(f"plugins: [{root / 'examples' / 'plugins' / 'count_histogram.py'}]\n",
+                                             ""))
+    r = moebench("validate", spec)
+    assert r.returncode == 2 and "count_variant" in r.stderr and "histogram" in r.stderr
+    assert "persistent" in r.stderr and "Traceback" not in r.stderr

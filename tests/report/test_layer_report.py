@@ -10,7 +10,7 @@ from moebench.analysis.ab import ab_pairs, parse_setting, run_arms
 from moebench.report.layer_report import HEADING, best_cap, main, section, splice
 from moebench.core.cases import expand
 from moebench.core.records import Record
-from moebench.report.sweep import add_baseline_deltas
+from moebench.core.baseline import add_baseline_deltas
 from moebench.core.spec import load_spec
 
 DEVICE = {"name": "NVIDIA H200", "torch": "2.11", "triton": "3.6"}
