@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from moebench.analysis import metric_of
-from moebench.core.baseline import launch_layers  # noqa: F401 - where the CLI reads it
 from moebench.core.stats import mean, pooled_sd, stdev
 from moebench.errors import UsageError
 
@@ -289,6 +288,61 @@ def arm_environ(settings: Sequence[Setting], base: Mapping[str, str]) -> dict[st
         if s.env:
             env[s.key] = str(s.value)
     return env
+
+
+def check_ab(off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int) -> None:
+    """The A/B options, checked before anything runs (UsageError naming the option)."""
+    if not off and not on:
+        raise UsageError("give the two configurations: --off KEY=VAL --on KEY=VAL (or env:NAME=VAL)")
+    for name, side in (("--off", off), ("--on", on)):
+        ks = [("env:" if s.env else "") + s.key for s in side]
+        dup = {k for k in ks if ks.count(k) > 1}
+        if dup:
+            raise UsageError(f"{name}: {', '.join(sorted(dup))} given more than once")
+    if arms < 2 or arms % 2:
+        raise UsageError(f"--arms: expected an even number >= 2 (OFF/ON pairs), got {arms}")
+    if iters < 2:
+        raise UsageError(f"--iters: expected >= 2 measurements per arm (an sd needs two), got {iters}")
+
+
+def check_arm_environments(spec, pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], device,
+                           base: Mapping[str, str]) -> None:
+    """Each arm's kill switches (`base` plus its env: settings), checked once before any arm runs:
+    a malformed one is a UsageError naming the variable (the arms' run drivers do not check again)."""
+    from moebench.core.pipeline import check_environment
+
+    for side, cases in ((off, [p.off for p in pairs]), (on, [p.on for p in pairs])):
+        check_environment(spec, cases, device, arm_environ(side, base))
+
+
+def arm_order(arms: int) -> str:
+    return "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
+
+
+def timer_text(spec) -> str:
+    """How each A/B measurement is taken, for the page."""
+    t = spec.timing
+    per_graph = (f"{t.launches_per_graph} launches per graph" if spec.family.graph_launches is None else
+                 f"up to {t.launches_per_graph} launches per graph, fewer where one launch is a whole layer "
+                 "step (each record says how many)")
+    method = "" if t.groups <= 1 else f"; the mean of {t.groups} graph medians, each graph over its own placements"
+    return f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {t.l2}{method}), one such number per measurement."
+
+
+def ab_document(off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int, layers: int | None,
+                pairs: list[ABPair]) -> dict:
+    """The `ab` block of an A/B run's provenance: the settings, the schedule, and per case its arms'
+    values and statistics."""
+    def case(p: ABPair) -> dict:
+        st = p.stats
+        return {"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
+                "arms": [{"side": a.side, "values": a.values} for a in p.arms], "errors": p.errors,
+                **({"off_mean": st.off_mean, "on_mean": st.on_mean, "delta_us": st.delta, "sd_off": st.sd_off,
+                    "sd_on": st.sd_on, "separation": st.separation, "margin_us": st.margin, "effect": st.effect}
+                   if st else {})}
+
+    return {"off": [s.text() for s in off], "on": [s.text() for s in on], "arms": arms, "iters": iters,
+            "moe_layers": layers, "cases": [case(p) for p in pairs]}
 
 
 def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int,

@@ -447,7 +447,7 @@ def test_an_ab_over_the_scopes_gives_the_conversion_table():
     assert "### What the saving is worth in the layer" in md
     assert "| count: -3.2" in md and "| 0.78 |" in md and "48: -110.0" in md
     # the per-step column: the kernel and the one-layer step are projected x 48, the 48-layer graph is measured
-    from moebench.analysis.ab import launch_layers
+    from moebench.core.baseline import launch_layers
 
     table = ab_markdown(spec_name="layer-count", device="H200", off=off, on=on, arms=4, iters=3, pairs=pairs,
                         layers=48, timer_text="", per_launch=lambda p: launch_layers(spec.family, p.off.params))
