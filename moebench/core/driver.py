@@ -119,7 +119,7 @@ class Driver:
 
     def check(self, cases: Sequence[Case]) -> None:
         """A malformed kill-switch variable stops the run here, before its first case (UsageError)."""
-        check_environment(self.spec, list(cases), self.device, self.environ)
+        check_environment(self.spec, list(cases), self.device, self.environ, resolve_case=self.pipeline.resolve)
 
     def run_case(self, case: Case) -> Record:
         """One case through the pipeline, with the passes' per-case hooks."""

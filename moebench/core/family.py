@@ -3,8 +3,12 @@
 A family is one folder, ``moebench/families/<name>/``:
 
 - ``__init__.py`` (torch-free): ``FAMILY = FamilySpec(...)``: its parameters, cross-parameter
-  rules, default pivot, plot preset, sharding cost estimate and the markdown sections of its
-  results page (which read records only).
+  rules, default pivot, plot preset and sharding cost estimate. A built-in family's sections of
+  the results pages live above it, in moebench.report.sections; a plugin family may pass its own
+  (``sections=``, ``ab_sections=``).
+
+This module is core: it knows no family. It finds the built-in ones by package name
+(``moebench.families``, every sub-package) when the catalogue is first asked for.
 - ``kernels.py``: Triton kernels -> launchers -> torch reference -> input builder -> variants.
   A variant is declared once, by ``@FAMILY.variant(...)`` on its builder.
 
