@@ -34,7 +34,7 @@ STAGES = [
     ("spec + cases", "moebench.core.spec", "load_spec"),
     ("spec + cases", "moebench.core.cases", "expand"),
     ("provenance (git)", "moebench.core.records", "provenance"),
-    ("render the results page", "moebench.core.report", "sweep_markdown"),
+    ("render the results page", "moebench.report.sweep", "sweep_markdown"),
     ("write the results files", "moebench.core.records", "ResultsWriter.finalize"),
     ("print tables", "moebench.cli.run", "print_pivots"),
 ]

@@ -73,6 +73,12 @@ class ABStats:
         return sum(len(a.values) for a in self.arms if a.side == ON)
 
 
+def reference_arms(ref) -> list:
+    """The published A/B iterations of a reference (empty where only arm means were published)."""
+    ab = ref.ab or {}
+    return [Arm(a["side"], [float(v) for v in a["values"]]) for a in ab.get("arms") or ()]
+
+
 def ab_stats(arms: Sequence[Arm], *, lower_is_better: bool = True) -> ABStats:
     off = [a for a in arms if a.side == OFF]
     on = [a for a in arms if a.side == ON]
@@ -157,14 +163,6 @@ def projection_text(p: Projection | None) -> str:
     each = "one launch each" if p.per_launch == 1 else f"one launch per {p.per_launch} layers"
     return (f"Projected per step: {p.before:.1f} → {p.after:.1f} µs/step ({p.delta:+.1f} µs) over "
             f"{p.layers} MoE layers, {each}.")
-
-
-def launch_layers(family, params: dict) -> int:
-    """MoE layers one launch of a case covers: 1 unless the family says otherwise."""
-    hook = getattr(family, "layers_per_launch", None)
-    return max(1, int(hook(params))) if hook is not None else 1
-
-
 
 
 @dataclass(frozen=True)
@@ -290,6 +288,61 @@ def arm_environ(settings: Sequence[Setting], base: Mapping[str, str]) -> dict[st
         if s.env:
             env[s.key] = str(s.value)
     return env
+
+
+def check_ab(off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int) -> None:
+    """The A/B options, checked before anything runs (UsageError naming the option)."""
+    if not off and not on:
+        raise UsageError("give the two configurations: --off KEY=VAL --on KEY=VAL (or env:NAME=VAL)")
+    for name, side in (("--off", off), ("--on", on)):
+        ks = [("env:" if s.env else "") + s.key for s in side]
+        dup = {k for k in ks if ks.count(k) > 1}
+        if dup:
+            raise UsageError(f"{name}: {', '.join(sorted(dup))} given more than once")
+    if arms < 2 or arms % 2:
+        raise UsageError(f"--arms: expected an even number >= 2 (OFF/ON pairs), got {arms}")
+    if iters < 2:
+        raise UsageError(f"--iters: expected >= 2 measurements per arm (an sd needs two), got {iters}")
+
+
+def check_arm_environments(spec, pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], device,
+                           base: Mapping[str, str]) -> None:
+    """Each arm's kill switches (`base` plus its env: settings), checked once before any arm runs:
+    a malformed one is a UsageError naming the variable (the arms' run drivers do not check again)."""
+    from moebench.core.pipeline import check_environment
+
+    for side, cases in ((off, [p.off for p in pairs]), (on, [p.on for p in pairs])):
+        check_environment(spec, cases, device, arm_environ(side, base))
+
+
+def arm_order(arms: int) -> str:
+    return "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
+
+
+def timer_text(spec) -> str:
+    """How each A/B measurement is taken, for the page."""
+    t = spec.timing
+    per_graph = (f"{t.launches_per_graph} launches per graph" if spec.family.graph_launches is None else
+                 f"up to {t.launches_per_graph} launches per graph, fewer where one launch is a whole layer "
+                 "step (each record says how many)")
+    method = "" if t.groups <= 1 else f"; the mean of {t.groups} graph medians, each graph over its own placements"
+    return f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {t.l2}{method}), one such number per measurement."
+
+
+def ab_document(off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int, layers: int | None,
+                pairs: list[ABPair]) -> dict:
+    """The `ab` block of an A/B run's provenance: the settings, the schedule, and per case its arms'
+    values and statistics."""
+    def case(p: ABPair) -> dict:
+        st = p.stats
+        return {"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
+                "arms": [{"side": a.side, "values": a.values} for a in p.arms], "errors": p.errors,
+                **({"off_mean": st.off_mean, "on_mean": st.on_mean, "delta_us": st.delta, "sd_off": st.sd_off,
+                    "sd_on": st.sd_on, "separation": st.separation, "margin_us": st.margin, "effect": st.effect}
+                   if st else {})}
+
+    return {"off": [s.text() for s in off], "on": [s.text() for s in on], "arms": arms, "iters": iters,
+            "moe_layers": layers, "cases": [case(p) for p in pairs]}
 
 
 def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int,

@@ -17,7 +17,7 @@ class PageSpec:
     """What a results page needs of the spec that made it, read from the results file alone
     (provenance.page, written by moebench.core.records.provenance): the readers (render, merge) never open a spec file
     named inside a results file, since loading a spec runs its `plugins:`. Duck-types the parts of
-    a Spec that moebench.core.report.sweep_markdown reads."""
+    a Spec that moebench.report.sweep.sweep_markdown reads."""
 
     def __init__(self, *, name: str, family: Any, description: str, pivot: dict, baseline: dict | None,
                  model: dict, path: str | None, sha256: str | None, notes: list[str]):
@@ -43,7 +43,7 @@ def builtin_family(name: str):
     loads a plugin, an entry point or $MOEBENCH_PLUGINS to find one."""
     import importlib
 
-    from moebench.families import BUILTIN
+    from moebench.core.family import BUILTIN
 
     for mod in BUILTIN:
         try:

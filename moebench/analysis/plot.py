@@ -19,7 +19,7 @@ from moebench.core.text import ordered
 from moebench.analysis.reference import Reference
 from moebench.core.records import Record, atomic_write_bytes
 from moebench.errors import UsageError
-from moebench.families import Preset
+from moebench.core.family import Preset
 
 
 TIMERS = {"graph-replay": "CUDA-graph replay"}

@@ -16,10 +16,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from moebench.analysis.ab import (OFF, ON, ABPair, ab_markdown, ab_pairs, effect_text, launch_layers, noise_text,
-                                  per_step, projection_text, run_arms, separation_cell, separation_text, settings_text,
-                                  us)
+from moebench.analysis.ab import (OFF, ON, ABPair, ab_pairs, effect_text, noise_text, per_step, projection_text, run_arms,
+                                  separation_cell, separation_text, settings_text, us)
 from moebench.analysis.reference import reference_names
+from moebench.core.baseline import launch_layers
 from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, STATE, TABLE_FORMAT_OPT, Bar, err,
                                  out, print_markdown, use_sources, wants_markdown)
 from moebench.core.text import md_table, num
@@ -67,31 +67,19 @@ def ab(
 ):
     """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
     separation, pooled sd, effect in noise units, per-step projection, and a PR-ready markdown block."""
-    from moebench.analysis.ab import parse_setting
+    from moebench.analysis.ab import check_ab, check_arm_environments, parse_setting
     from moebench.core.cases import expand
     from moebench.core.spec import load_spec
 
     md_only = wants_markdown(markdown, fmt)
     use_sources(plugin, megatron_lm, interpret=None if dry_run else False)
     sp = load_spec(spec)
-    fam = sp.family
-    if fam.host_only:
-        raise UsageError(f"family {fam.name!r} is evaluated on the host: there is nothing to time")
-    offs = [parse_setting(s, fam, "--off") for s in off or ()]
-    ons = [parse_setting(s, fam, "--on") for s in on or ()]
-    if not offs and not ons:
-        raise UsageError("give the two configurations: --off KEY=VAL --on KEY=VAL (or env:NAME=VAL)")
-    for name, side in (("--off", offs), ("--on", ons)):
-        ks = [("env:" if s.env else "") + s.key for s in side]
-        dup = {k for k in ks if ks.count(k) > 1}
-        if dup:
-            raise UsageError(f"{name}: {', '.join(sorted(dup))} given more than once")
-    if arms < 2 or arms % 2:
-        raise UsageError(f"--arms: expected an even number >= 2 (OFF/ON pairs), got {arms}")
-    if iters < 2:
-        raise UsageError(f"--iters: expected >= 2 measurements per arm (an sd needs two), got {iters}")
+    if sp.family.host_only:
+        raise UsageError(f"family {sp.family.name!r} is evaluated on the host: there is nothing to time")
+    offs = [parse_setting(s, sp.family, "--off") for s in off or ()]
+    ons = [parse_setting(s, sp.family, "--on") for s in on or ()]
+    check_ab(offs, ons, arms=arms, iters=iters)
     pairs, notes = ab_pairs(sp, expand(sp, quick=quick), offs, ons)
-    layers = sp.model.get("moe_layers")
     for n in notes:
         err.print(n, style="yellow")
     order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
@@ -101,34 +89,52 @@ def ab(
                        + f"\n\nOFF: {settings_text(offs)}; ON: {settings_text(ons)}")
         return
     if dry_run:
-        t = Table(title=f"{sp.name} A/B: {len(pairs)} cases x {arms} arms ({order}) x {iters} iterations",
-                  title_justify="left")
-        for c in ("case", "OFF case id", "ON case id"):
-            t.add_column(c)
-        for p in pairs:
-            t.add_row(p.text, p.off.id, p.on.id)
-        out.print(t)
-        out.print(f"OFF: {settings_text(offs)}; ON: {settings_text(ons)}; per-step projection: "
-                  + (f"x {layers} MoE layers ({sp.model_name})" if layers else "none (no moe_layers in the model)"))
+        print_ab_plan(sp, pairs, offs, ons, arms=arms, iters=iters)
         return
+    device = ab_device()
+    check_arm_environments(sp, pairs, offs, ons, device, os.environ)  # each arm's, once, before any arm runs
+    stem = f"{sp.name}-ab" + ("-quick" if quick else "")
+    dest, md = run_ab(sp, device, pairs, offs, ons, arms=arms, iters=iters, quick=quick, out_dir=out_dir, stem=stem)
+    print_ab_results(sp, pairs, md, dest, stem, md_only)
 
+
+def print_ab_plan(sp, pairs: list[ABPair], offs, ons, *, arms: int, iters: int) -> None:
+    from moebench.analysis.ab import arm_order
+
+    layers = sp.model.get("moe_layers")
+    t = Table(title=f"{sp.name} A/B: {len(pairs)} cases x {arms} arms ({arm_order(arms)}) x {iters} iterations",
+              title_justify="left")
+    for c in ("case", "OFF case id", "ON case id"):
+        t.add_column(c)
+    for p in pairs:
+        t.add_row(p.text, p.off.id, p.on.id)
+    out.print(t)
+    out.print(f"OFF: {settings_text(offs)}; ON: {settings_text(ons)}; per-step projection: "
+              + (f"x {layers} MoE layers ({sp.model_name})" if layers else "none (no moe_layers in the model)"))
+
+
+def ab_device():
+    """The CUDA device an A/B times on; exit 3 without one."""
     from moebench.core.device import detect, require_triton, want_interpreter
 
     if want_interpreter(False):
         raise BackendError("ab needs timings and no CUDA device is visible (the interpreter on the CPU checks "
                            "correctness only); run it on a GPU machine, or pass --dry-run for the plan")
     require_triton()
-    device = detect(False)
+    return detect(False)
 
+
+def run_ab(sp, device, pairs: list[ABPair], offs, ons, *, arms: int, iters: int, quick: bool, out_dir: Path,
+           stem: str) -> tuple[Path, str]:
+    """Run the arms under the output's lock and write the results JSON and the page; returns the
+    folder written to and the page."""
     from moebench.analysis import results_json_layout
-    from moebench.analysis.ab import arm_environ
+    from moebench.analysis.ab import ab_document
     from moebench.core.driver import Driver
-    from moebench.core.pipeline import Options, check_environment
+    from moebench.core.pipeline import Options
     from moebench.core.records import OutputLock, atomic_write_text, provenance, writable_dir
+    from moebench.report.ab import ab_page
 
-    for side, cases in ((offs, [p.off for p in pairs]), (ons, [p.on for p in pairs])):
-        check_environment(sp, cases, device, arm_environ(side, os.environ))  # each arm's, before any arm runs
-    stem = f"{sp.name}-ab" + ("-quick" if quick else "")
     dest = writable_dir(out_dir / device.slug, "--out")
 
     def make_runner(environ):  # one driver per arm, with that arm's environment
@@ -145,37 +151,20 @@ def ab(
             records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step,
                                environ=os.environ)
             bar.advance()
-
-        t = sp.timing
-        per_graph = (f"{t.launches_per_graph} launches per graph" if fam.graph_launches is None else
-                     f"up to {t.launches_per_graph} launches per graph, fewer where one launch is a whole layer "
-                     "step (each record says how many)")
-        method = ("" if t.groups <= 1 else f"; the mean of {t.groups} graph medians, each graph over its own "
-                  f"placements")
-        timer_text = (f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {t.l2}{method}), one such number "
-                      "per measurement.")
-
-        def per_launch(p: ABPair) -> int:
-            return launch_layers(fam, p.off.params)
-
-        md = ab_markdown(spec_name=sp.name, device=device.name, off=offs, on=ons, arms=arms, iters=iters,
-                         pairs=pairs, layers=layers, timer_text=timer_text, per_launch=per_launch)
-        if fam.ab_sections is not None:  # the family's own reading of both arms (layer: the conversion)
-            extra = fam.ab_sections(records)
-            if extra:
-                md += "\n" + extra.rstrip() + "\n"
-        ab_doc = {"off": [s.text() for s in offs], "on": [s.text() for s in ons], "arms": arms, "iters": iters,
-                  "moe_layers": layers,
-                  "cases": [{"case": p.text, "off_case_id": p.off.id, "on_case_id": p.on.id,
-                             "arms": [{"side": a.side, "values": a.values} for a in p.arms], "errors": p.errors,
-                             **({"off_mean": p.stats.off_mean, "on_mean": p.stats.on_mean,
-                                 "delta_us": p.stats.delta, "sd_off": p.stats.sd_off, "sd_on": p.stats.sd_on,
-                                 "separation": p.stats.separation, "margin_us": p.stats.margin,
-                                 "effect": p.stats.effect} if p.stats else {})}
-                            for p in pairs]}
-        prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": ab_doc})
+        doc = ab_document(offs, ons, arms=arms, iters=iters, layers=sp.model.get("moe_layers"), pairs=pairs)
+        prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": doc})
         atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
+        md = ab_page(sp, device.name, offs, ons, arms=arms, iters=iters, pairs=pairs, records=records)
         atomic_write_text(dest / f"{stem}.md", md)
+    return dest, md
+
+
+def print_ab_results(sp, pairs: list[ABPair], md: str, dest: Path, stem: str, md_only: bool = False) -> None:
+    """The A/B table, the argument per case, the page for the PR; exit 1 when a case failed."""
+    layers = sp.model.get("moe_layers")
+
+    def per_launch(p: ABPair) -> int:
+        return launch_layers(sp.family, p.off.params)
 
     if md_only:
         print_markdown(md)
@@ -234,7 +223,7 @@ def compare(
     SLOWER with `moebench ab`."""
     from moebench.analysis import read_results
     from moebench.analysis.compare import check_comparable, compare_records
-    from moebench.core.report import compare_markdown
+    from moebench.report.sweep import compare_markdown
 
     if not (0 < threshold < 1000):
         raise UsageError(f"--threshold: expected a percentage > 0, got {threshold:g}")
@@ -253,16 +242,7 @@ def compare(
         print_markdown(compare_markdown(rep.rows, vary, f"{base.name} → {new.name}: {metric}"))
     elif rep.rows:
         out.print(t)
-    for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
-        if recs:
-            out.print(f"Only in {name} ({len(recs)}): " + "; ".join(
-                f"{r.case_id} {r.label} {_params(r.params, vary)}" for r in recs[:20])
-                + (f"; ... {len(recs) - 20} more" if len(recs) > 20 else ""), highlight=False)
-    out.print(f"Noise model: BASE {rep.noise_models['BASE']}; NEW {rep.noise_models['NEW']}.", style="dim",
-              highlight=False)
-    out.print(f"Rule: SLOWER/FASTER when |Δ| ≥ {threshold:g}% and |Δ| > noise"
-              + (f" ({metric}: higher is better)" if rep.higher_is_better else "")
-              + f"; SAME when |Δ| + noise < {threshold:g}%; else UNCLEAR (moebench compare --help).", style="dim")
+    print_compare_notes(rep, threshold, metric)
     out.print(rep.summary(), style="bold", highlight=False)
     if not rep.rows:
         raise UsageError(f"{base} and {new} share no case_id: nothing to compare")
@@ -274,6 +254,21 @@ def compare(
             err.print(f"--fail-on-regression: {why}", style="red")
         raise typer.Exit(code)
     raise typer.Exit(0)
+
+
+def print_compare_notes(rep, threshold: float, metric: str) -> None:
+    """Under the comparison table: the cases only one side has, both noise models, the rule."""
+    vary = rep.vary
+    for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
+        if recs:
+            out.print(f"Only in {name} ({len(recs)}): " + "; ".join(
+                f"{r.case_id} {r.label} {_params(r.params, vary)}" for r in recs[:20])
+                + (f"; ... {len(recs) - 20} more" if len(recs) > 20 else ""), highlight=False)
+    out.print(f"Noise model: BASE {rep.noise_models['BASE']}; NEW {rep.noise_models['NEW']}.", style="dim",
+              highlight=False)
+    out.print(f"Rule: SLOWER/FASTER when |Δ| ≥ {threshold:g}% and |Δ| > noise"
+              + (f" ({metric}: higher is better)" if rep.higher_is_better else "")
+              + f"; SAME when |Δ| + noise < {threshold:g}%; else UNCLEAR (moebench compare --help).", style="dim")
 
 
 @app.command(short_help="The robust (minimax-regret) configuration; --emit the launch values a runtime reads.")
@@ -562,7 +557,7 @@ def conformance(
     import pandas as pd
 
     from moebench.analysis import read_results
-    from moebench.analysis.conformance import page, rows, twins
+    from moebench.report.conformance import page, rows, twins
     from moebench.core.records import atomic_write_text
 
     pairs, sources = [], []

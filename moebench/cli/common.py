@@ -187,7 +187,7 @@ def render_table(title: str, t, metric: str, corner: str) -> Table:
     """A pivot (rows x columns of one metric) as a rich table; failed cells in red."""
     from rich.text import Text
 
-    from moebench.core.report import fmt
+    from moebench.report.sweep import fmt
 
     tab = Table(title=title or None, title_justify="left")
     tab.add_column(corner, style="bold")
@@ -210,7 +210,7 @@ MAX_CONSOLE_TABLES = 4
 
 def print_pivots(spec, records, metric: str | None = None, page: Path | None = None) -> None:
     """The spec's pivots as terminal tables; past MAX_CONSOLE_TABLES, a summary that points to the page."""
-    from moebench.core.report import NOT_TAKEN, NOT_TAKEN_NOTE, pivots
+    from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, pivots
 
     pv = spec.pivot
     metric = metric or pv.get("metric", "median_us")
@@ -232,7 +232,7 @@ def summary_table(records, metric: str) -> Table:
     """One row per variant label: how often each value of a categorical metric occurs (a path, a
     check verdict), or the least, median and largest value of a numeric one."""
     from moebench.analysis import metric_of
-    from moebench.core.report import STATUS_MARK
+    from moebench.report.sweep import STATUS_MARK
     from moebench.core.stats import median
     from moebench.core.text import ordered
 

@@ -45,7 +45,7 @@ def list_(
     """Families, variants (with where each comes from), upstream kernels, built-in sweeps, model
     configs and the shipped reference tables."""
     from moebench.core.spec import builtin_models, builtin_sweeps
-    from moebench.families import broken, catalogue
+    from moebench.core.family import broken, catalogue
     from moebench.sources import upstream
 
     use_sources(plugin, megatron_lm)
@@ -131,7 +131,7 @@ def show(
     """Print any results file as a PR-style pivot (--markdown: as pipe tables to paste)."""
     from moebench.analysis.pages import builtin_family
     from moebench.core.records import load_results
-    from moebench.core.report import frame, markdown_table, pivots
+    from moebench.report.sweep import frame, markdown_table, pivots
 
     md = wants_markdown(markdown, fmt)
     prov, records = load_results(results)
@@ -159,7 +159,8 @@ def show(
     tables = [("measured", title, t) for title, t in pivots(records, rows, cols, metric, names)]
     ref = None
     if reference:
-        from moebench.analysis.reference import beside_reference, load_reference
+        from moebench.analysis.reference import load_reference
+        from moebench.report.reference import beside_reference
 
         ref = load_reference(reference)
         if ref.family != records[0].family:
@@ -188,7 +189,7 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     `moebench ab`) is refused: its page is an A/B page, which `ab` writes."""
     from moebench.analysis.pages import page_spec
     from moebench.core.records import atomic_write_text, load_results, page_trailer
-    from moebench.core.report import sweep_markdown
+    from moebench.report.sweep import sweep_markdown
 
     dest = results.with_suffix(".md")
     if results.suffix.lower() == ".md" or dest.resolve() == results.resolve():

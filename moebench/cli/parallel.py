@@ -48,7 +48,7 @@ def merge(
     settings, the kill-switch variables and the baseline launch; a case in two files must have identical results. Exit 1 when a
     case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
     from moebench.core.records import OutputLock, ResultsWriter, writable_dir
-    from moebench.core.report import sweep_markdown, verdict_line
+    from moebench.report.sweep import sweep_markdown
     from moebench.parallel.merge import merge_results
 
     fmts = parse_formats(formats)
@@ -77,6 +77,17 @@ def merge(
 
     for note in m.notes:
         err.print(f"note: {note}", style="yellow", highlight=False, soft_wrap=True)
+    out.print(merged_line(m, prov, host_only), style="bold", highlight=False, soft_wrap=True)
+    print_failures(m.records)
+    out.print("Wrote " + ", ".join(str(p) for p in paths))
+    raise typer.Exit(ExitCode.OK if m.complete and all(r.status in ("ok", "unavailable") for r in m.records)
+                     else ExitCode.CASE_FAILED)
+
+
+def merged_line(m, prov: dict, host_only: bool) -> str:
+    """One line on what the merge holds: the verdict, and what is missing when it is incomplete."""
+    from moebench.report.sweep import verdict_line
+
     gaps = []
     if m.missing_shards:
         gaps.append(f"shard{'s' if len(m.missing_shards) > 1 else ''} "
@@ -88,11 +99,6 @@ def merge(
     line = (verdict_line(m.records) if not host_only
             else f"{sum(r.status == 'ok' for r in m.records)}/{len(m.records)} cases evaluated")
     dups = f", {m.duplicates} duplicate{'s' if m.duplicates != 1 else ''} kept once" if m.duplicates else ""
-    out.print(f"{prov.get('sweep')}: merged {len(m.files)} file{'s' if len(m.files) != 1 else ''}, "
-              f"{len(m.records)} records{dups}: {line}; "
-              f"{'complete' if m.complete else 'INCOMPLETE (' + '; '.join(gaps) + ')'}", style="bold", highlight=False,
-              soft_wrap=True)
-    print_failures(m.records)
-    out.print("Wrote " + ", ".join(str(p) for p in paths))
-    raise typer.Exit(ExitCode.OK if m.complete and all(r.status in ("ok", "unavailable") for r in m.records)
-                     else ExitCode.CASE_FAILED)
+    return (f"{prov.get('sweep')}: merged {len(m.files)} file{'s' if len(m.files) != 1 else ''}, "
+            f"{len(m.records)} records{dups}: {line}; "
+            f"{'complete' if m.complete else 'INCOMPLETE (' + '; '.join(gaps) + ')'}")

@@ -90,10 +90,10 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     from moebench.core.device import host_device, load_or_measure_ceilings
     from moebench.core.records import (OutputLock, ResultsWriter, existing_records, previous_records, provenance,
                                        record_key, result_stem, run_settings, stream_path, writable_dir)
-    from moebench.core.report import sweep_markdown, verdict_line
+    from moebench.report.sweep import sweep_markdown, verdict_line
     from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
     from moebench.core.passes import check_cross_checks, select
-    from moebench.core.pipeline import Options, check_environment
+    from moebench.core.pipeline import Options
 
     spec = p.spec
 
@@ -121,7 +121,6 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         raise UsageError(f"--isolate: family {spec.family.name!r} is host-only (it runs no kernel); drop --isolate")
     select(cross, backend=device.backend, timed=timed, workers=bool(gpus) or isolate)  # one that cannot run: exit 2
     environ = dict(os.environ)  # the run's environment, handed down; read once
-    check_environment(spec, p.cases, device, environ)  # kill-switch variables: exit 2 before any case
     if time_it:  # the measured run-to-run term (moebench.core.noise); a malformed model: exit 2 here
         from moebench.core.noise import apply as apply_noise
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from moebench.errors import SpecError
 from moebench.core.expr import ExprError, compile_expr, evaluator
-from moebench.families import REQUIRED
+from moebench.core.family import REQUIRED
 from moebench.core.spec import Matrix, Spec
 from moebench.core.text import varying
 

@@ -137,7 +137,7 @@ class Driver:
 
     def check(self, cases: Sequence[Case]) -> None:
         """A malformed kill-switch variable stops the run here, before its first case (UsageError)."""
-        check_environment(self.spec, list(cases), self.device, self.environ)
+        check_environment(self.spec, list(cases), self.device, self.environ, resolve_case=self.pipeline.resolve)
 
     def run_case(self, case: Case) -> Record:
         """One case through the pipeline, with the passes' per-case hooks."""
@@ -156,7 +156,7 @@ class Driver:
         An interrupt (KeyboardInterrupt, or a signal the caller turns into one) ends the run with an
         incomplete Summary of what finished. If it lands in the caller while it handles an event,
         `throw` it into this generator: the Summary comes back from the throw."""
-        from moebench.core.report import add_baseline_deltas
+        from moebench.core.baseline import add_baseline_deltas
 
         spec, pipe = self.spec, self.pipeline
         cases = list(cases)

@@ -44,7 +44,7 @@ from moebench.core.placements import Placements, Timer, floors, occupancy
 from moebench.core.records import Record
 from moebench.core.spec import Spec, Timing
 from moebench.errors import Unavailable
-from moebench.families import Check
+from moebench.core.family import Check
 
 # Background input building (untimed runs only: `verify`, interpreter runs). Workers: half the
 # cores, at most 8 (torch's own CPU kernels already use several threads each); $MOEBENCH_PREFETCH
@@ -85,19 +85,25 @@ def resolve(spec: Spec, case: Case, device: DeviceInfo, environ: Mapping[str, st
     return spec.family.resolve(case.variant, case.params, device, environ, case.origins)
 
 
-def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ: Mapping[str, str]) -> None:
+def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ: Mapping[str, str],
+                      resolve_case: Callable[[Case], tuple[dict, dict]] | None = None) -> None:
     """Resolve one case of each variant (and the baseline launch) up front, so a malformed
     kill-switch variable stops a run before its first case (UsageError naming the variable and
     its accepted values), not as a failure in every case. Every switch of the family is checked,
     read by this run's variants or not: each is part of the settings a record is resumed under.
-    Torch-free: it only resolves."""
+    Torch-free: it only resolves. `resolve_case` (a CasePipeline's) keeps what it resolved, so those
+    cases are not resolved again when they run."""
+    if resolve_case is None:
+        def resolve_case(c: Case) -> tuple[dict, dict]:
+            return resolve(spec, c, device, environ)
+
     seen = set()
     for c in cases:
         if c.variant not in seen:
             seen.add(c.variant)
-            resolve(spec, c, device, environ)
+            resolve_case(c)
     if spec.baseline and cases:
-        resolve(spec, baseline_case(spec, cases[0]), device, environ)
+        resolve_case(baseline_case(spec, cases[0]))
     for v in spec.family.variants.values():
         if v.env and v.name not in seen and cases:
             spec.family.resolve(v.name, dict(cases[0].params), device, environ)
@@ -163,6 +169,7 @@ class CasePipeline:
         self._ahead: dict[tuple, Any] = {}  # shape key -> Future of (sets, pools, reference, pristine copy), built ahead
         self._abandon: Callable[[Any], None] | None = None  # told of a background build given up at the case limit
         self._compiled: set[tuple] = set()
+        self._resolved: dict[tuple, tuple[dict, dict]] = {}  # (case id, origins) -> resolve's (params, sources)
         self.compile_s_total = 0.0
         self.events: list = []  # Retimed events of the case running, for the driver to hand on
         self.phases: dict[str, float] = defaultdict(float)  # wall seconds per phase of the cases
@@ -196,7 +203,7 @@ class CasePipeline:
         rec = Record(self.spec.name, self.fam.name, case.id, case.variant, case.label, "ok",
                      params={k: v for k, v in case.params.items()})
         try:
-            params, sources = resolve(self.spec, case, self.device, self.environ)
+            params, sources = self.resolve(case)
             rec.launch = {k: params[k] for k in sources}
             rec.launch_from = sources
             if self.fam.host_only:
@@ -278,6 +285,16 @@ class CasePipeline:
                 return sets, pools, None, pristine
             return sets, pools, self.impl.reference(sets[0], case.params), pristine
 
+    def resolve(self, case: Case) -> tuple[dict, dict]:
+        """The case's launch values and their sources (FamilySpec.resolve with this run's
+        environment), resolved once per case: the up-front check, the case itself and the baseline
+        launch of its shape all read the same resolution."""
+        key = (case.id, tuple(sorted((case.origins or {}).items())))
+        if key not in self._resolved:
+            self._resolved[key] = resolve(self.spec, case, self.device, self.environ)
+        params, sources = self._resolved[key]
+        return dict(params), dict(sources)
+
     def forget(self, key: tuple) -> None:
         """Drop a shape's inputs, reference and baseline output (after its last case)."""
         for d in (self._inputs, self._pools, self._ref, self._base, self._pristine):
@@ -320,7 +337,7 @@ class CasePipeline:
         key = shape_key(case, self.fam.shape_params)
         if key not in self._base:
             base = baseline_case(self.spec, case)
-            params, _ = resolve(self.spec, base, self.device, self.environ)
+            params, _ = self.resolve(base)
             built = self.fam.builder(base.variant)(inp, params, self.device)
             self._first_launch(built)
             self._base[key] = built.output.clone()
@@ -329,7 +346,7 @@ class CasePipeline:
     def launches(self, case: Case) -> list:
         """The launch closures of a case over its input sets (for a pass that profiles a case it did
         not see timed: a resumed one)."""
-        params, _ = resolve(self.spec, case, self.device, self.environ)
+        params, _ = self.resolve(case)
         builder = self.fam.builder(case.variant)
         return [builder(s, params, self.device).launch for s in self.inputs(case)]
 

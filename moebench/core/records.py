@@ -2,7 +2,7 @@
 
 One record per (case, variant): long format. Field order is column order; the dict groups
 (params, checks, launch, timing, work, cross) are flattened in that order. Pivot only when
-rendering (moebench.core.report).
+rendering (moebench.report.sweep).
 
 How a run keeps what it finished (`ResultsWriter`):
 

@@ -19,7 +19,7 @@ import yaml
 from moebench.errors import SpecError
 from moebench.core.expr import ExprError, compile_expr
 from moebench.core.text import kind, show
-from moebench.families import FamilySpec, catalogue, family_error
+from moebench.core.family import FamilySpec, catalogue, family_error
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 

@@ -122,7 +122,7 @@ def estimate_cost(case: "Case") -> int:
     """A cheap host-side cost estimate of one case: CASE_OVERHEAD + the elements it touches, as
     the family's catalogue estimates them (count: (buffer_tokens + tokens) x topk; act: (rows +
     live_rows) x (input + output width)); host-only families cost the overhead alone."""
-    from moebench.families import catalogue
+    from moebench.core.family import catalogue
 
     fam = catalogue().get(case.family)
     if fam is None or fam.cost is None:

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moebench.analysis.ab import (OFF, ON, Arm, ab_stats, noise_text, parse_setting, per_step, projection_text,
-                                  separation_text)
+                                  reference_arms, separation_text)
 from moebench.analysis.compare import classify, compare_records
 from moebench.analysis.recommend import explain, recommend_keys, regret_table
-from moebench.analysis.reference import beside_reference, load_reference, reference_arms, reference_names
+from moebench.analysis.reference import load_reference, reference_names
+from moebench.report.reference import beside_reference
 from moebench.core.cases import case_id
 from moebench.errors import BackendError, UsageError
 from moebench.core.records import Record
@@ -232,7 +233,7 @@ def test_compare_cli_identical_files_all_same(tmp_path, monkeypatch, capsys):
 
 
 def _seed_recommendation(records, weights=None):
-    from moebench.families import catalogue
+    from moebench.core.family import catalogue
 
     over, config, group = recommend_keys(records, catalogue().get("count"))
     assert (over, config, group) == (["tokens"], ["block_size"], [])

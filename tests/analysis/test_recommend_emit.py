@@ -17,7 +17,7 @@ from clirun import run_cli
 from moebench.analysis.recommend import check_cases, decide, emit_document, env_text, judge_check, switches
 from moebench.core.records import Record
 from moebench.errors import UsageError
-from moebench.families import catalogue
+from moebench.core.family import catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "results" / "h200" / "count-block.json"

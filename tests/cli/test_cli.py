@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clirun import run_cli, small_count_spec
-from moebench.families import get_family
+from moebench.core.family import get_family
 from moebench.families.count import kernels as count
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -342,7 +342,7 @@ def test_sweep_counters_on_the_cpu_is_unavailable_and_exits_0(tmp_path, capsys):
 
 
 def test_the_page_has_the_verdicts_the_occupancy_curve_and_the_flags():
-    from moebench.core.counters_report import section
+    from moebench.report.counters import section
 
     spec, cases, recs = _cases_and_records(3)
     for r in recs:
@@ -360,7 +360,7 @@ def test_the_page_has_the_verdicts_the_occupancy_curve_and_the_flags():
 
 
 def test_the_sweep_page_carries_the_section():
-    from moebench.core.report import sweep_markdown
+    from moebench.report.sweep import sweep_markdown
 
     spec, cases, recs = _cases_and_records(1)
     recs[0].cross["counters"] = K.unavailable("Nsight Compute not found (looked for ncu on PATH)")

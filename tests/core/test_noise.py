@@ -250,7 +250,7 @@ def test_a_quick_interpreter_sweep_page_says_which_noise_model(tmp_path, capsys)
 
 
 def test_the_sweep_page_header_names_the_timer_and_the_noise_model():
-    from moebench.core.report import sweep_markdown
+    from moebench.report.sweep import sweep_markdown
 
     prov, recs = load_results(PACKAGE_ROOT / "results" / "h200" / "count-block.json")
     for r in recs:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from moebench.core.cases import Case, case_id, expand, shape_key, varying_params
-from moebench.families import catalogue
+from moebench.core.family import catalogue
 from moebench.core.spec import (PACKAGE_ROOT, Matrix, Spec, Timing, VariantEntry, builtin_models, builtin_sweeps,
                            load_spec, resolve_spec_path)
 

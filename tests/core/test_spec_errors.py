@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from moebench import cli
 from moebench.core.cases import expand, varying_params
 from moebench.errors import MoebenchError, SpecError
-from moebench.families import catalogue
+from moebench.core.family import catalogue
 from moebench.core.spec import MATRIX_KEYS, TIMING_KEYS, TOP_KEYS, load_spec
 
 COUNT = catalogue()["count"]

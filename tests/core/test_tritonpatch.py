@@ -198,7 +198,7 @@ def test_a_plugin_without_compile_key_gets_its_compile_time_and_count(monkeypatc
     from moebench.core import pipeline as P
     from moebench.core.device import detect
     from moebench.core.spec import load_spec
-    from moebench.families import Built
+    from moebench.core.family import Built
 
     spec = load_spec("count-block")
     run = P.CasePipeline(spec, detect(True), P.Options(timing=spec.timing))

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 
 from moebench.core.cases import expand  # noqa: E402
 from moebench.errors import SpecError, UsageError  # noqa: E402
-from moebench.families import get_family  # noqa: E402
+from moebench.core.family import get_family  # noqa: E402
 from moebench.families.act import widths  # noqa: E402
 from moebench.families.act import kernels as act  # noqa: E402
 from moebench.core.spec import load_spec  # noqa: E402

@@ -6,7 +6,7 @@ import torch
 
 from moebench.core.device import detect
 from moebench.errors import UsageError
-from moebench.families import get_family
+from moebench.core.family import get_family
 from moebench.families.count import kernels as count
 
 DEV = detect(True)

@@ -13,7 +13,7 @@ from moebench.analysis.ab import OFF, ON, ab_markdown, ab_pairs, parse_setting, 
 from moebench.core.device import detect
 from moebench.core.records import Record
 from moebench.errors import Unavailable
-from moebench.families import get_family
+from moebench.core.family import get_family
 from moebench.families import layer as catalogue
 from moebench.families.layer import kernels as layer
 
@@ -435,16 +435,19 @@ def test_an_ab_over_the_scopes_gives_the_conversion_table():
     assert [p.text for p in pairs] == ["layers=1, scope=count", "layers=1, scope=step", "layers=48, scope=step"]
     records = run_arms(pairs, off, on, arms=4, iters=3, make_runner=FakeRunner)
     assert {r.timing["ab_side"] for r in records} == {OFF, ON}
-    (conv,) = catalogue.conversions(records)
+    from moebench.report.sections import ab_section
+    from moebench.report.sections.layer import conversions
+
+    (conv,) = conversions(records)
     assert conv.kernel == "count" and conv.layers == 48
     assert conv.conversion == pytest.approx(2.5 / 3.2, abs=0.01)
     assert conv.projection == pytest.approx(-48 * 3.2, abs=0.5)
     assert conv.many_vs_projection == pytest.approx(110 / (48 * 3.2), abs=0.01)
-    md = spec.family.ab_sections(records)
+    md = ab_section(spec.family, records)
     assert "### What the saving is worth in the layer" in md
     assert "| count: -3.2" in md and "| 0.78 |" in md and "48: -110.0" in md
     # the per-step column: the kernel and the one-layer step are projected x 48, the 48-layer graph is measured
-    from moebench.analysis.ab import launch_layers
+    from moebench.core.baseline import launch_layers
 
     table = ab_markdown(spec_name="layer-count", device="H200", off=off, on=on, arms=4, iters=3, pairs=pairs,
                         layers=48, timer_text="", per_launch=lambda p: launch_layers(spec.family, p.off.params))
@@ -526,6 +529,8 @@ fixed: {{tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts:
 def test_in_the_layer_names_each_cap_and_calls_overlapping_fastest_a_tie():
     """layer.md's "In the layer": a label swept over act_grid_cap names the cap, and two caps whose
     intervals overlap are both marked **tie** (the page once marked one **fastest** at 173.71 vs 173.71)."""
+    from moebench.report.sections import layer as layer_sections
+
     shape = {"tokens": 256, "buffer_tokens": 256, "local_experts": 32, "op": "silu_mul_bounded"}
 
     def r(label, cap, us, noise):
@@ -536,10 +541,55 @@ def test_in_the_layer_names_each_cap_and_calls_overlapping_fastest_a_tie():
 
     recs = [r("before", 512, 177.0, 0.0005), r("count 128, act cap", 1024, 173.71, 0.0004),
             r("count 128, act cap", 2048, 173.72, 0.0004)]
-    md = catalogue.markdown_sections(recs)
+    md = layer_sections.markdown_sections(recs)
     assert "| count 128, act cap, act_grid_cap=1024 **tie** | 173.71 | 0.07 |" in md
     assert "| count 128, act cap, act_grid_cap=2048 **tie** | 173.72 |" in md
     assert "**fastest**" not in md and "do not say which of them is faster" in md
     recs[2].timing["median_us"] = 175.0
-    md = catalogue.markdown_sections(recs)
+    md = layer_sections.markdown_sections(recs)
     assert "| count 128, act cap, act_grid_cap=1024 **fastest** |" in md and "**tie**" not in md
+
+
+def test_a_plugin_count_variant_runs_inside_the_layer(tmp_path):
+    """count_variant names any variant the count family has when the spec is read, a plugin's
+    included (examples/plugins/count_histogram.py): the step with the histogram count is bit-exact
+    with the baseline step and matches the reference; without the plugin the name is refused with
+    exit 2 listing the variants there are."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = tmp_path / "layer-hist.yaml"
+    spec.write_text(f"""
+name: layer-hist
+family: layer
+plugins: [{root / 'examples' / 'plugins' / 'count_histogram.py'}]
+model: qwen3-30b-a3b
+variants:
+  - {{variant: step, label: hist, params: {{count_variant: histogram, count_block_size: 64}}}}
+baseline: {{variant: step, count_variant: persistent, count_block_size: 1024, act_variant: legacy}}
+fixed: {{tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts: 4, local_expert_start: 4,
+        hidden: 64, ffn: 32, align: 4, count_grid: 4, act_variant: legacy, layers: 1}}
+""")
+    env = {k: v for k, v in os.environ.items() if k != "MOEBENCH_PLUGINS"}
+    env.update(TRITON_INTERPRET="1", COLUMNS="200", PYTHONPATH=str(root))
+
+    def moebench(*args):
+        return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    r = moebench("sweep", spec, "--interpret", "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(next((tmp_path / "out").rglob("layer-hist.json")).read_text())
+    hist = [x for x in doc["records"] if x["launch"].get("count_variant") == "histogram"]
+    assert hist and all(x["status"] == "ok" for x in doc["records"]), [x["error"] for x in doc["records"]]
+    assert hist[0]["checks"]["baseline_equal"] and hist[0]["checks"]["ref_check"]
+    assert hist[0]["launch"]["count_chunking"] == "strided"  # the plugin's own geometry, so its builder ran
+    assert hist[0]["launch"]["count_block_size"] == 64
+    spec.write_text(spec.read_text().replace(f"plugins: [{root / 'examples' / 'plugins' / 'count_histogram.py'}]\n",
+                                             ""))
+    r = moebench("validate", spec)
+    assert r.returncode == 2 and "count_variant" in r.stderr and "histogram" in r.stderr
+    assert "persistent" in r.stderr and "Traceback" not in r.stderr

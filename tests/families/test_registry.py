@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from moebench.errors import MoebenchError
-from moebench.families import BUILTIN, DeclarationError, FamilySpec, Param, catalogue, declared_variants, get_family
+from moebench.core.family import BUILTIN, DeclarationError, FamilySpec, Param, catalogue, declared_variants, get_family
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def test_catalogue_and_kernels_module_agree(name):
 
 
 def test_the_catalogue_imports_no_torch():
-    code = ("import sys; from moebench.families import catalogue; from moebench.core.spec import load_spec; "
+    code = ("import sys; from moebench.core.family import catalogue; from moebench.core.spec import load_spec; "
             "[load_spec(n) for n in ('count-block', 'act-grid', 'combine-lds', 'layer', 'layer-count', 'layer-act')]; "
             "cat = catalogue(); "
             "assert all(f.variants for f in cat.values()); "

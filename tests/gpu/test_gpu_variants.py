@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench.families import REQUIRED, catalogue
+from moebench.core.family import REQUIRED, catalogue
 
 pytestmark = pytest.mark.gpu
 

@@ -5,8 +5,7 @@ squared-ReLU kernels that also skip rows whose permutation-map entry is -1. The 
 NUM_BLOCKS CTAs striding over rows; the variants differ only in how NUM_BLOCKS is chosen.
 """
 
-from moebench.core.text import num
-from moebench.families import FamilySpec, Param, Preset
+from moebench.core.family import FamilySpec, Param, Preset
 
 OPS = ("silu_mul_bounded", "swiglu", "squared_relu")
 GATED_OPS = ("silu_mul_bounded", "swiglu")  # input is gate | up, output is half as wide
@@ -75,89 +74,6 @@ FAMILY = FamilySpec(
     default_pivot={"rows": "grid_cap", "cols": "live_rows", "metric": "median_us"},
     plot=Preset("grid_cap", "live_rows", "occupancy curve", floor_panel=True),
     cost=lambda params: cost(params),
-    sections=lambda records: markdown_sections(records),
     twin_tolerance=0.03,  # seed vs Megatron's kernel: bandwidth-bound, 0.6% median run to run
     package=__name__,
 )
-
-# The seed's decode shape: 256 tokens x top-8 = 2048 live rows.
-_DECODE_LIVE_ROWS = 2048
-_SEED_CAP = 8192
-
-
-def markdown_sections(records) -> str:
-    """Which geometry wins at each shape, and whether the seed's claim (cap 8192 beats the legacy
-    min(M, 512) grid at decode) holds on the device these records were timed on."""
-    from moebench.core.report import TIE_NOTE, fastest, fastest_text
-
-    timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
-    if not timed:
-        return "## Which grid wins\n\nNo timings in this run (correctness only), so no verdict on the grid."
-    shapes: dict[tuple, list] = {}
-    for r in timed:
-        shapes.setdefault((r.params["op"], r.params["rows"], r.params["live_rows"]), []).append(r)
-    lines = ["## Which grid wins", "",
-             "| op | rows M | live rows | best | best µs | legacy µs | cap 8192 µs | cap 8192 vs legacy |",
-             "|---|---|---|---|---|---|---|---|"]
-    verdicts = []
-    ties = False
-
-    def name(r) -> str:
-        return r.label + (f", cap {r.params['grid_cap']}" if r.params.get("grid_cap") is not None and
-                          str(r.params["grid_cap"]) not in r.label else "")
-
-    for (op, m, live), rs in sorted(shapes.items()):
-        top = fastest(rs)
-        best = top[0]
-        ties |= len(top) > 1
-        leg = next((r for r in rs if r.variant == "legacy"), None)
-        seed = next((r for r in rs if r.variant in ("capped", "shipped") and r.launch.get("grid_cap") == _SEED_CAP),
-                    None)
-        won = fastest_text(top, name)
-        ratio = ""
-        if leg and seed:
-            x = seed.timing["median_us"] / leg.timing["median_us"]
-            ratio = f"{x:.2f}× ({'faster' if x < 1 else 'slower'})"
-            if live == _DECODE_LIVE_ROWS:
-                holds = x < 1
-                verdicts.append(
-                    f"- At the decode shape ({op}, M = {m}, {live} live rows) cap {_SEED_CAP} takes "
-                    f"{seed.timing['median_us']:.2f} µs against {leg.timing['median_us']:.2f} µs for min(M, 512): "
-                    f"the GB200 finding (cap 8192 beats 512 at decode) **{'holds' if holds else 'does not hold'}** "
-                    f"on this device. " + (f"The fastest geometry there is {won} at {best.timing['median_us']:.2f} µs." if len(top)
-                                               == 1 else f"The fastest geometries there are a {won} (µs)."))
-        lines.append(f"| {op} | {m} | {live} | {won} | {best.timing['median_us']:.2f} | "
-                     f"{leg.timing['median_us']:.2f} | " if leg else f"| {op} | {m} | {live} | {won} | "
-                     f"{best.timing['median_us']:.2f} | — | ")
-        lines[-1] += (f"{seed.timing['median_us']:.2f} | {ratio} |" if seed else "— | — |")
-    if ties:
-        lines += ["", f"tie: {TIE_NOTE} best µs is the least median of them."]
-    lines += [""] + (verdicts or ["- No decode-shape (2048 live rows) pair of cap 8192 and legacy in this run: "
-                                  "no verdict on the seed's claim."])
-    return "\n".join(lines + ["", floors_and_occupancy(timed)])
-
-
-def floors_and_occupancy(timed) -> str:
-    """Every timed row against its floors, with the launch's occupancy: the columns the seed
-    argues from (bytes moved, floor, x floor, CTAs with work, % of the thread slots)."""
-    out = ["## Floors and occupancy", "",
-           "floor = bytes / copy ceiling (L2 when the rotation fits in L2, else DRAM); +empty = floor plus an "
-           "empty launch; occupancy = CTAs x threads over SMs x max threads per SM.", "",
-           "| variant | M | live | µs | MB moved | GB/s | floor µs (level) | × floor | × (floor+empty) | "
-           "CTAs | with work | threads/CTA | occupancy % | waves | Δ vs baseline µs | per step µs |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in timed:
-        w = r.work
-        label = r.label + (f" cap {r.params['grid_cap']}" if r.params.get("grid_cap") is not None and
-                           str(r.params.get("grid_cap")) not in r.label else "")
-        note = " ¹" if w.get("floor_note") else ""
-        out.append(
-            f"| {label} | {r.params['rows']} | {r.params['live_rows']} | {r.timing['median_us']:.2f} | "
-            f"{w.get('bytes', 0) / 1e6:.2f} | {w.get('gbps', 0):,.0f} | {num(w.get('floor_us'))} "
-            f"({w.get('floor_level', '—')}) | {num(w.get('x_floor'))}{note} | {num(w.get('x_floor_plus_empty'))} | "
-            f"{w.get('ctas')} | {w.get('ctas_with_work')} | {w.get('threads_per_cta')} | {w.get('occupancy_pct')} | "
-            f"{w.get('waves')} | {num(w.get('delta_us'), '+.2f')} | {num(w.get('per_step_delta_us'), '+.1f')} |")
-    notes = sorted({r.work["floor_note"] for r in timed if r.work.get("floor_note")})
-    if notes:
-        out += ["", "¹ " + "; ".join(notes)]
-    return "\n".join(out)

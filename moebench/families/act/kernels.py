@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from moebench.errors import Unavailable
-from moebench.families import Built, Check, cdiv, next_pow2
+from moebench.core.family import Built, Check, cdiv, next_pow2
 from moebench.families.act import FAMILY, GATED_OPS, PADDED_OPS, widths
 
 # Columns per inner-loop chunk: the whole row when it fits (N = 768 -> 1024, one masked chunk),

@@ -3,10 +3,10 @@
 Host-only: the model is integer arithmetic over the kernel's sizing expressions, so a sweep
 evaluates it on the host and records which combine path each shape takes. No kernel is launched
 and nothing is timed. kernels.py holds the model (pure Python, no torch) and the two rules as
-variants; the results page's sections read records and that model.
+variants; the results page's sections (moebench.report.sections.combine) read records and that model.
 """
 
-from moebench.families import FamilySpec, Param
+from moebench.core.family import FamilySpec, Param
 
 # The LDS budget the PR sizes against: 320 KB. It reproduces every figure in the PR and review.
 LDS_BUDGET = 320 * 1024
@@ -37,12 +37,6 @@ FAMILY = FamilySpec(
         )
     },
     default_pivot={"rows": "topk", "cols": "world", "metric": "path"},
-    sections=lambda records: _sections(records),
     package=__name__,
 )
 
-
-def _sections(records: list) -> str:
-    from moebench.families.combine.kernels import markdown_sections  # pure Python, like this module
-
-    return markdown_sections(records)

@@ -1,12 +1,11 @@
 """Token-count family (seed 000): per-expert token counts of the local experts, via atomics.
 
-Torch-free: the catalogue (parameters, rules, pivot and plot presets, sharding cost) and the
-results page's own section, which reads records only. Kernels, reference, inputs and variants
-are in kernels.py.
+Torch-free: the catalogue (parameters, rules, pivot and plot presets, sharding cost). Kernels,
+reference, inputs and variants are in kernels.py; the results page's own section in
+moebench.report.sections.count.
 """
 
-from moebench.core.text import num
-from moebench.families import FamilySpec, Param, Preset
+from moebench.core.family import FamilySpec, Param, Preset
 
 
 def cost(params: dict) -> int:
@@ -50,31 +49,6 @@ FAMILY = FamilySpec(
     default_pivot={"rows": "block_size", "cols": "tokens", "metric": "median_us"},
     plot=Preset("block_size", "tokens", "block-size curve"),
     cost=cost,
-    sections=lambda records: markdown_sections(records),
     twin_tolerance=0.05,  # seed vs Megatron's kernel: counter placement alone moves it 20-40%
     package=__name__,
 )
-
-
-def markdown_sections(records) -> str:
-    """Each timed row against the empty-kernel floor (the bytes-moved floor of a few KB means
-    nothing here) and the geometry the seed argues from: CTAs with work, pairs per thread."""
-    timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
-    if not timed:
-        return ""
-    out = ["## Against the empty-kernel floor", "",
-           "empty = a no-op Triton kernel at grid = SM count (grid 1 for one-CTA launches), captured and replayed the "
-           "same way; the count kernel "
-           "moves a few KB, so its bytes-moved floor is not a useful reference.", "",
-           "| variant | tokens | block | warps | µs | empty µs | over empty µs | × empty | CTAs | with work | "
-           "pairs/thread | Δ vs baseline µs | per step µs |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in timed:
-        w, g = r.work, r.launch
-
-        out.append(f"| {r.label} | {r.params['tokens']} | {g.get('block_size')} | {g.get('num_warps')} | "
-                   f"{r.timing['median_us']:.2f} | {num(w.get('empty_us'))} | {num(w.get('over_empty_us'))} | "
-                   f"{num(w.get('x_empty'))} | {w.get('ctas')} | {w.get('ctas_with_work')} | "
-                   f"{w.get('pairs_per_thread')} | {num(w.get('delta_us'), '+.2f')} | "
-                   f"{num(w.get('per_step_delta_us'), '+.1f')} |")
-    return "\n".join(out)

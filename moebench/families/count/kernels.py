@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from moebench.errors import Unavailable
-from moebench.families import Built, Check, cdiv, next_pow2
+from moebench.core.family import Built, Check, cdiv, next_pow2
 from moebench.families.count import FAMILY
 
 # Cells on each side of the counters, poisoned; a stray atomic outside [S, S + L) would hit them.

@@ -61,7 +61,7 @@ import triton
 import triton.language as tl
 
 from moebench.errors import Unavailable
-from moebench.families import Built, Check, cdiv, get_family, next_pow2
+from moebench.core.family import Built, Check, cdiv, get_family, next_pow2
 from moebench.families.act import PADDED_OPS
 from moebench.families.layer import _ROUTING, FAMILY, capacity_rows, expert_weight_bytes, resolve_delegates, widths
 

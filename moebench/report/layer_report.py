@@ -12,8 +12,8 @@ and writes the section: per change, the kernel sweep's saving, the saving of the
 the layer's shape, in one layer step, their ratio (the conversion), and the 48-layer graph's saving
 against 48 x the isolated one; then the fastest configurations in the step.
 
-    python -m moebench.analysis.layer_report results/h200 --kernel-dir results/h200 -o layer-report.md
-    python -m moebench.analysis.layer_report best-cap results/h200/layer.json    # prints the best cap
+    python -m moebench.report.layer_report results/h200 --kernel-dir results/h200 -o layer-report.md
+    python -m moebench.report.layer_report best-cap results/h200/layer.json    # prints the best cap
 
 Pure Python over results files: no torch.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from moebench.analysis.ab import separation_cell
 from moebench.core.records import atomic_write_text, load_results
-from moebench.core.report import TIE_NOTE, fastest, fastest_text, full_labels
+from moebench.report.sweep import TIE_NOTE, fastest, fastest_text, full_labels
 from moebench.core.text import md_table, num
-from moebench.families.layer import SEPARATION_LEGEND, conversions
+from moebench.report.sections.layer import SEPARATION_LEGEND, conversions
 
 HEADING = "## Which microbenchmark wins survive in a layer"
 # The decode shape the seeds argue from (256 live tokens in a 256-token graph), with the count at

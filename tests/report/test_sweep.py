@@ -4,7 +4,7 @@ import json
 
 from clirun import run_cli
 from moebench.core.records import Record
-from moebench.core.report import markdown_table, pivots, verdict_line
+from moebench.report.sweep import markdown_table, pivots, verdict_line
 
 
 def rec(label, variant, cap, live, status="ok", ref="exact", us=None):
@@ -80,7 +80,7 @@ def test_a_shared_axis_still_splits_with_integer_titles():
 
 
 def test_fastest_names_a_tie_inside_the_noise():
-    from moebench.core.report import fastest, fastest_text
+    from moebench.report.sweep import fastest, fastest_text
 
     a, b, c = lrec("upstream", 2.1336, 0.029), lrec("capped", 2.1881, 0.035), lrec("legacy", 3.11, 0.01)
     assert fastest([c, b, a]) == [a, b]

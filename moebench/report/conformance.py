@@ -57,7 +57,7 @@ def _launch_key(rec: Record) -> tuple:
 def twins(records: Sequence[Record]) -> list[Twin]:
     """Every (seed variant, its upstream twin) pair of ok records with equal shape and launch, in
     record order."""
-    from moebench.families import catalogue
+    from moebench.core.family import catalogue
 
     cat = catalogue()
     ours: dict[tuple, list[Record]] = {}

@@ -286,12 +286,15 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
         out += [NOT_TAKEN_NOTE, ""]
     # a family may add sections of its own (e.g. combine's band table), after the pivots
-    if spec.family.sections is not None:
-        out += [spec.family.sections(records), ""]
-    from moebench.core.counters_report import section as counters_section  # records with cross.counters
+    from moebench.report.sections import sweep_section
+
+    own = sweep_section(spec.family, records)
+    if own is not None:
+        out += [own, ""]
+    from moebench.report.counters import section as counters_section  # records with cross.counters
 
     out += [s + "\n" for s in (counters_section(spec, records),) if s]
-    from moebench.analysis.conformance import section as twins_section
+    from moebench.report.conformance import section as twins_section
 
     twins = twins_section(records)
     if twins:
@@ -322,33 +325,6 @@ def _baseline_text(spec) -> str:
 
 def _short_params(r: Record) -> str:
     return ", ".join(f"{k}={v}" for k, v in r.params.items() if v is not None)
-
-
-def add_baseline_deltas(spec, records: list[Record]) -> None:
-    """Read every timed record against the baseline launch of the same shape: speedup, Δµs, and
-    the per-step projection Δµs x MoE layers (from the model config), like the seed PRs do."""
-    from moebench.core.cases import is_baseline
-
-    if not spec.baseline:
-        return
-    fam = spec.family
-    base_by_shape: dict[tuple, float] = {}
-    for r in records:
-        if r.status == "ok" and r.timing.get("median_us") is not None and is_baseline(spec, r.variant, r.params):
-            base_by_shape[tuple((k, r.params.get(k)) for k in fam.shape_params)] = r.timing["median_us"]
-    from moebench.analysis.ab import launch_layers
-
-    layers = spec.model.get("moe_layers") if spec.model else None
-    for r in records:
-        m = r.timing.get("median_us")
-        base = base_by_shape.get(tuple((k, r.params.get(k)) for k in fam.shape_params))
-        if m is None or base is None:
-            continue
-        r.work["baseline_us"] = base
-        r.work["speedup"] = round(base / m, 3) if m > 0 else None
-        r.work["delta_us"] = round(m - base, 4)
-        if layers:
-            r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(fam, r.params), 2)
 
 
 def timer_text(t: dict) -> str:

@@ -1,0 +1,611 @@
+"""Kernel families: what a family declares, the registry, and the contract with the case pipeline.
+
+A family is one folder, ``moebench/families/<name>/``:
+
+- ``__init__.py`` (torch-free): ``FAMILY = FamilySpec(...)``: its parameters, cross-parameter
+  rules, default pivot, plot preset and sharding cost estimate. A built-in family's sections of
+  the results pages live above it, in moebench.report.sections; a plugin family may pass its own
+  (``sections=``, ``ab_sections=``).
+
+This module is core: it knows no family. It finds the built-in ones by package name
+(``moebench.families``, every sub-package) when the catalogue is first asked for.
+- ``kernels.py``: Triton kernels -> launchers -> torch reference -> input builder -> variants.
+  A variant is declared once, by ``@FAMILY.variant(...)`` on its builder.
+
+The torch-free side knows every variant's name, doc and parameters without importing torch: it
+reads the ``@FAMILY.variant(...)`` decorators of ``kernels.py`` from the source text (arguments:
+literals, or module-level names assigned literals earlier in the file). Importing ``kernels.py``
+(when a sweep runs) attaches the builders; a declaration the source text and the running module
+disagree on is an error, and a test checks every family both ways. A family whose package or
+declarations fail breaks only itself: the catalogue leaves it out, ``broken()`` names it with its
+FILE:LINE error (``list`` shows it), and using it is a usage error.
+
+A plugin (``--plugin FILE.py``, a spec's ``plugins:``, the ``moebench.plugins`` entry points) uses
+the same calls: ``get_family("count").variant(...)`` adds a variant to a built-in family, and
+``register_family(FamilySpec(...))`` adds a whole family (moebench.sources.plugins).
+
+A *parameter* is a shape parameter (``role="shape"``: it decides the inputs, and variants that
+share them must agree bit for bit) or a launch parameter (``role="launch"``: block size, grid
+cap, warps; it only changes how the same work is launched).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from moebench.core.text import show
+
+REQUIRED = object()
+
+# The built-in families: every sub-package of moebench.families (a new folder is a new family,
+# nothing to register); plugins add to the catalogue at run time. Found by name, not imported:
+# the contract sits below the families.
+FAMILIES_PACKAGE = "moebench.families"
+_FAMILIES_DIR = Path(importlib.util.find_spec(FAMILIES_PACKAGE).origin).parent
+BUILTIN = tuple(sorted(m.name for m in pkgutil.iter_modules([str(_FAMILIES_DIR)]) if m.ispkg))
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    default: Any = REQUIRED
+    role: str = "shape"  # "shape" | "launch"
+    choices: tuple | None = None
+    pow2: bool = False
+    min: float | None = None
+    max: float | None = None
+    model_key: str | None = None  # default taken from the model config under this key
+    auto: str | None = None  # a value of 0 means this DeviceInfo attribute (grid 0 = sm_count)
+    help: str = ""
+    # the value names a variant of this family (the layer's count_variant): the accepted values are
+    # the variants registered when the value is checked, plugins' included, not those at import
+    variant_of: str | None = None
+
+    def accepted(self) -> tuple | None:
+        """The values `choices` allows, or the variants `variant_of` has now; None for any value."""
+        if self.variant_of is not None:
+            return tuple(get_family(self.variant_of).variants)
+        return self.choices
+
+    def check(self, value: Any) -> str | None:
+        """What was expected, if `value` is not acceptable; else None."""
+        if self.type is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"expected an integer, got {show(value)}"
+        elif self.type is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"expected a number, got {show(value)}"
+        elif self.type is str:
+            if not isinstance(value, str):
+                return f"expected a string, got {show(value)}"
+        elif self.type is bool:
+            if not isinstance(value, bool):
+                return f"expected true or false, got {show(value)}"
+        choices = self.accepted()
+        if choices is not None and value not in choices:
+            return f"expected one of {', '.join(map(str, choices))}; got {show(value)}"
+        if self.pow2 and (value <= 0 or value & (value - 1)):
+            return f"must be a power of two, got {value}"
+        if self.min is not None and value < self.min:
+            return f"must be >= {self.min:g}, got {value}"
+        if self.max is not None and value > self.max:
+            return f"must be <= {self.max:g}, got {value}"
+        return None
+
+    def allowed(self) -> str:
+        """The accepted values, as a phrase for an error message."""
+        bits = []
+        choices = self.accepted()
+        if choices is not None:
+            return "one of " + ", ".join(map(str, choices))
+        if self.pow2:
+            bits.append("a power of two")
+        else:
+            bits.append({int: "an integer", float: "a number", str: "a string", bool: "true or false"}[self.type])
+        if self.min is not None:
+            bits.append(f">= {self.min:g}")
+        if self.max is not None:
+            bits.append(f"<= {self.max:g}")
+        return " ".join(bits)
+
+
+@dataclass
+class VariantSpec:
+    """A named launch configuration of a family."""
+
+    name: str
+    doc: str
+    params: tuple[str, ...] = ()  # launch parameters this variant reads from the spec
+    # launch parameter -> (kill-switch variable, shipped default): read from the environment at
+    # resolve time, like the seed PRs' MCORE_* switches
+    env: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    source: str = "builtin"  # builtin | upstream | plugin FILE
+    # an upstream variant names moebench's variants that implement the same kernel (its twins)
+    twins: tuple[str, ...] = ()
+    builder: Callable | None = field(default=None, repr=False, compare=False)
+    # the variant's own work model, work(params, geometry, device) -> dict (bytes, ctas,
+    # ctas_with_work, ...), where its kernel moves other bytes than the family's; else the family's
+    work: Callable | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def launch_params(self) -> tuple[str, ...]:
+        """Every launch parameter the variant runs with: from the spec, then from the environment."""
+        return tuple(self.params) + tuple(k for k in self.env if k not in self.params)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How `moebench plot` draws a family by default."""
+
+    x: str  # the swept launch parameter, on a log2 axis
+    series: str  # one line per value
+    title: str
+    floor_panel: bool = False  # add a x-floor panel (x_floor against x)
+
+
+class FamilySpec:
+    """A kernel family's declarations. Built-in families read their variants from the decorators
+    in their kernels.py (`package` names the family's package); plugins register variants as
+    their file runs."""
+
+    def __init__(self, *, name: str, doc: str, params: dict[str, Param], package: str | None = None,
+                 rules: tuple[tuple[str, str], ...] = (), host_only: bool = False,
+                 default_pivot: dict | None = None, plot: Preset | None = None,
+                 cost: Callable[[dict], int] | None = None, sections: Callable[[list], str] | None = None,
+                 twin_tolerance: float | None = None, kernels: str | None = None,
+                 ab_sections: Callable[[list], str] | None = None,
+                 layers_per_launch: Callable[[dict], int] | None = None,
+                 graph_launches: Callable[[dict, int], int] | None = None,
+                 reference_after_build: bool = False, origin: str = "builtin",
+                 resolve_more: Callable[[str, dict, Any, Mapping[str, str]], dict] | None = None):
+        """`sections(records)` adds the family's own part to a results page; `ab_sections(records)`
+        the same for an `ab` run's page (its records carry timing.ab_side and ab_arm).
+        `layers_per_launch(params)`: how many MoE layers one launch covers (1 unless the launch is
+        a whole multi-layer step); per-step projections multiply by moe_layers / that.
+        `graph_launches(params, spec_value)`: launches to capture per graph for this case, where
+        one launch can be far longer than the µs-scale kernels the spec's value is set for.
+        `resolve_more(variant, params, device, environ)`: a family whose launch builds other
+        families' variants (the layer) resolves their launch values there, from the same environ,
+        once per case; what it returns is added to the parameters the builder gets."""
+        self.name = name
+        self.doc = doc
+        self.params = params
+        self.rules = rules
+        self.host_only = host_only
+        self.default_pivot = dict(default_pivot or {})
+        self.plot = plot
+        self.cost = cost
+        self.sections = sections
+        # how close a seed kernel must time to its upstream twin to count as the same mechanism
+        self.twin_tolerance = twin_tolerance
+        self.ab_sections = ab_sections
+        self.layers_per_launch = layers_per_launch
+        self.graph_launches = graph_launches
+        # the reference reads state a variant's builder prepares: never computed ahead of the build
+        self.reference_after_build = reference_after_build
+        self.resolve_more = resolve_more
+        self.origin = origin
+        # the module with the kernels, reference, inputs and variants: a built-in family's
+        # kernels.py, or a plugin's own module
+        self.kernels = f"{package}.kernels" if package else kernels
+        self.variants: dict[str, VariantSpec] = {}
+        if package:
+            for v in declared_variants(Path(sys.modules[package].__file__).with_name("kernels.py"), self):
+                self.variants[v.name] = v
+
+    def __repr__(self) -> str:
+        return f"FamilySpec({self.name!r}, variants={list(self.variants)})"
+
+    @property
+    def shape_params(self) -> tuple[str, ...]:
+        return tuple(n for n, p in self.params.items() if p.role == "shape")
+
+    @property
+    def launch_params(self) -> tuple[str, ...]:
+        return tuple(n for n, p in self.params.items() if p.role == "launch")
+
+    def variant(self, name: str, *, doc: str, params: tuple[str, ...] = (),
+                env: dict[str, tuple[str, Any]] | None = None, source: str | None = None,
+                twins: tuple[str, ...] = (), work: Callable | None = None):
+        """Decorator: `fn` builds variant `name`. For a kernel family, fn(inputs, params, device)
+        -> Built; for a host-only family, fn(params) -> dict of results. `source` defaults to
+        "builtin", or "plugin FILE" while a plugin file registers it. `work(params, geometry,
+        device) -> dict` is the variant's own work model (bytes moved, ctas, ctas_with_work, ...:
+        what its floors are read against); without one the family's `work` stands for it."""
+        from moebench.sources.plugins import current_source
+
+        source = source or current_source() or "builtin"
+        if work is not None and not callable(work):
+            raise TypeError(f"variant {name!r} of {self.name!r}: work= must be a function work(params, geometry, "
+                            f"device) -> dict, got {show(work)}")
+        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source, tuple(twins), work=work)
+        for p in declared.launch_params:
+            if p not in self.params or self.params[p].role != "launch":
+                raise ValueError(f"variant {name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
+                                 f"family ({', '.join(self.launch_params) or 'none'})")
+
+        def register(fn: Callable) -> Callable:
+            problem = self.builder_problem(fn)
+            if problem:
+                raise TypeError(f"variant {name!r} of {self.name!r}: {problem}")
+            have = self.variants.get(name)
+            if have is not None and have.builder is None and have.source == declared.source:
+                if have != declared:  # the source text and the running module disagree
+                    raise ValueError(f"variant {name!r} of {self.name!r}: its declaration in {self.kernels} differs "
+                                     "from what the source text says (decorator arguments must be literals)")
+                have.builder = fn
+            elif have is not None and have.builder is not fn:
+                raise ValueError(f"variant {name!r} of family {self.name!r} is registered twice "
+                                 f"({have.source} and {source}); give the new one another name")
+            elif have is not None:
+                return fn
+            else:
+                declared.builder = fn
+                self.variants[name] = declared
+            return fn
+
+        return register
+
+    def builder_problem(self, fn: Callable) -> str | None:
+        """Why the session could not call `fn` as this family's builder, or None: a kernel family
+        calls fn(inputs, params, device), a host-only family fn(params)."""
+        import inspect
+
+        expected = "fn(params)" if self.host_only else "fn(inputs, params, device)"
+        if not callable(fn):
+            return f"the decorated object is not a function; a builder is {expected}"
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return None  # a builtin or C callable: nothing to read, the call will tell
+        try:
+            sig.bind(*((None,) if self.host_only else (None, None, None)))
+        except TypeError as e:
+            return (f"its builder {getattr(fn, '__name__', fn)}{sig} cannot be called as {expected}, as the "
+                    f"session calls it ({e})")
+        return None
+
+    def work_model(self, variant: str, module) -> Callable:
+        """The work model a variant's records use: its own, else the family's (`module.work`)."""
+        return self.variants[variant].work or module.work
+
+    def borrowed_work(self, variants) -> list[str]:
+        """Of `variants`, the plugin variants of a family the plugin did not declare that bring no
+        work model of their own: their bytes, CTAs with work and floors are the family's model."""
+        out = []
+        for name in dict.fromkeys(variants):
+            v = self.variants.get(name)
+            if v is not None and v.work is None and v.source.startswith("plugin") and self.origin != v.source:
+                out.append(name)
+        return out
+
+    def builder(self, name: str) -> Callable:
+        """The builder of a variant, importing the family's kernels module if needed."""
+        v = self.variants[name]
+        if v.builder is None and self.kernels:
+            self.load()
+        if v.builder is None:
+            raise LookupError(f"variant {name!r} of {self.name!r} is declared but {self.kernels} registers no "
+                              "builder for it")
+        return v.builder
+
+    def resolve(self, variant: str, params: dict, device: Any, environ: Mapping[str, str],
+                origins: Mapping[str, str] | None = None) -> tuple[dict, dict]:
+        """The parameters a variant's kernel runs with, and where each launch value came from.
+
+        Launch parameters the variant reads from the spec keep their value (from "spec", or
+        "default" where the spec left it to the family); 0 for a parameter with `auto` (grid)
+        becomes that device property; parameters the variant takes from a kill-switch variable
+        are read from `environ`, or get the shipped default. A malformed variable is a
+        UsageError naming it and the accepted values."""
+        v = self.variants[variant]
+        out = dict(params)
+        sources: dict[str, str] = {}
+        for name in v.params:
+            sources[name] = (origins or {}).get(name, "spec")
+            p = self.params[name]
+            if p.auto and out.get(name) == 0:
+                out[name] = getattr(device, p.auto)
+                sources[name] = f"device {p.auto} (spec: 0)"
+        for name, (var, default) in v.env.items():
+            out[name], sources[name] = _read_switch(self.params[name], var, default, environ)
+        if self.resolve_more is not None:
+            out.update(self.resolve_more(variant, out, device, environ))
+        return out, sources
+
+    # what the case pipeline calls on a kernel family's module (touched_bytes is optional)
+    KERNEL_API = ("build_inputs", "input_bytes", "reference", "check", "nonvacuity", "work")
+
+    def load(self):
+        """Import the kernels module (torch, triton) and return it."""
+        from moebench.core import interpret
+
+        if interpret.active():
+            interpret.compat()
+        if not self.kernels:
+            return None
+        module = importlib.import_module(self.kernels)
+        missing = [] if self.host_only else [f for f in self.KERNEL_API if not callable(getattr(module, f, None))]
+        if missing:
+            from moebench.errors import UsageError
+
+            raise UsageError(f"family {self.name!r} ({self.origin}): its module {self.kernels} does not define "
+                             f"{', '.join(missing)}; a kernel family's module provides {', '.join(self.KERNEL_API)}")
+        return module
+
+
+def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -> tuple[Any, str]:
+    """A kill-switch variable's value for parameter `p`, or the shipped default when unset."""
+    from moebench.errors import UsageError
+
+    raw = environ.get(var)
+    if raw is None or raw.strip() == "":
+        return default, f"default {default} (${var} unset)"
+    try:
+        value = int(raw.strip(), 10) if p.type is int else p.type(raw.strip())
+    except ValueError:
+        value = None
+    problem = p.check(value) if value is not None else f"expected {p.allowed()}, got {raw!r}"
+    if problem:
+        raise UsageError(f"${var}={raw!r}: {problem}; it sets {p.name}, which takes {p.allowed()}")
+    return value, f"${var}"
+
+
+class DeclarationError(ValueError):
+    """A ``@variant(...)`` declaration the catalogue cannot read: the message starts with FILE:LINE."""
+
+
+class _Unknown:
+    """A module-level name whose value the source text does not give (and why)."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+_NOT_LITERAL = ("is not a literal, a module-level name bound to one, a tuple or list of those (with *NAME), or a + "
+                "of them")
+
+
+def _literal(node: ast.AST, names: dict[str, Any]) -> Any:
+    """The value of a declaration argument, from the text alone: literals, names bound earlier at
+    module level to such values, tuples/lists/sets/dicts of them (``(*BASE, "x")`` too), ``a + b``
+    and a sign on a number. Raises ValueError saying why not."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in names:
+            raise ValueError(f"name {node.id} is not assigned at module level before this line")
+        v = names[node.id]
+        if isinstance(v, _Unknown):
+            raise ValueError(f"name {node.id} {v.why}")
+        return v
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items: list = []
+        for e in node.elts:
+            if isinstance(e, ast.Starred):
+                inner = _literal(e.value, names)
+                if not isinstance(inner, (tuple, list)):
+                    raise ValueError(f"`{ast.unparse(e)}`: {show(inner)} is not a tuple or list")
+                items.extend(inner)
+            else:
+                items.append(_literal(e, names))
+        return tuple(items) if isinstance(node, ast.Tuple) else set(items) if isinstance(node, ast.Set) else items
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_literal(k, names): _literal(v, names) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        try:
+            return _literal(node.left, names) + _literal(node.right, names)
+        except TypeError as e:
+            raise ValueError(f"`{ast.unparse(node)}`: {e}") from None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _literal(node.operand, names)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return -v if isinstance(node.op, ast.USub) else v
+    raise ValueError(f"`{ast.unparse(node)}` {_NOT_LITERAL}")
+
+
+def _bind(stmt: ast.stmt, names: dict[str, Any]) -> None:
+    """Track what a top-level statement binds: a plain assignment's value where the text gives it,
+    else why it does not."""
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        try:
+            value: Any = _literal(stmt.value, names)
+        except ValueError as e:
+            value = _Unknown(f"is assigned at line {stmt.lineno} from something the text does not give ({e})")
+        for t in targets:
+            if isinstance(t, ast.Name):
+                names[t.id] = value
+            else:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        names[n.id] = _Unknown(f"is unpacked at line {stmt.lineno}; assign it a literal on its own")
+        return
+    what = {ast.Import: "imported", ast.ImportFrom: "imported", ast.FunctionDef: "a function",
+            ast.AsyncFunctionDef: "a function", ast.ClassDef: "a class", ast.AugAssign: "changed in place"}.get(type(stmt), "assigned inside a block")
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        bound = [(a.asname or a.name).split(".")[0] for a in stmt.names]
+    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        bound = [stmt.name]
+    else:
+        bound = [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    for name in bound:
+        names[name] = _Unknown(f"is {what} at line {stmt.lineno} (the catalogue reads the text, it does not run it)")
+
+
+def declared_variants(path: Path, family: FamilySpec) -> list[VariantSpec]:
+    """The ``@FAMILY.variant(name, doc=..., params=..., env=..., source=...)`` declarations of a
+    kernels module, read from its source text in file order (no import, so no torch). An argument
+    may be a literal or a module-level name assigned one earlier in the file (``PARAMS = ("grid",
+    "num_warps")`` shared by several declarations); anything else is a DeclarationError naming the
+    file and line."""
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as e:
+        raise DeclarationError(f"{path}:{e.lineno}: SyntaxError: {e.msg}") from None
+    except OSError as e:
+        raise DeclarationError(f"{path}: cannot read: {e.strerror or e}") from None
+    out: list[VariantSpec] = []
+    names: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == "variant":
+                    out.append(_declaration(path, dec, names))
+        _bind(node, names)
+    return out
+
+
+def _declaration(path: Path, dec: ast.Call, names: dict[str, Any]) -> VariantSpec:
+    where = f"{path}:{dec.lineno}: @variant"
+    try:
+        args = [_literal(a, names) for a in dec.args]
+    except ValueError as e:
+        raise DeclarationError(f"{where} argument: {e}") from None
+    kw: dict[str, Any] = {}
+    for k in dec.keywords:
+        if k.arg is None:
+            raise DeclarationError(f"{where}: **{ast.unparse(k.value)}: name each argument "
+                                   "(name, doc=, params=, env=, source=, twins=)")
+        try:
+            kw[k.arg] = _literal(k.value, names)
+        except ValueError as e:
+            raise DeclarationError(f"{where} {k.arg}=: {e}") from None
+    try:
+        kw["params"] = tuple(kw.get("params", ()))
+        kw["twins"] = tuple(kw.get("twins", ()))
+        kw["env"] = {k: tuple(v) for k, v in (kw.get("env") or {}).items()}
+        return VariantSpec(*args, **kw)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise DeclarationError(f"{where}: {e}") from None
+
+
+# ----------------------------------------------------------------------------------- the contract
+
+
+@dataclass
+class Built:
+    """What a variant builder returns: a zero-argument launch closure (allocation already done, so
+    the closure can be captured in a CUDA graph), the output it writes, a reset that restores the
+    pre-launch state (zero counters, poison outputs) and the launch geometry for the record."""
+
+    launch: Callable[[], None]
+    output: Any  # torch.Tensor checked after a launch
+    reset: Callable[[], None]
+    geometry: dict[str, Any] = field(default_factory=dict)
+    # not read: which launches compiled is asked of Triton (moebench.core.tritonpatch); kept so a
+    # builder that still passes one loads
+    compile_key: tuple = ()
+    # where geometry values the builder resolved itself came from (a launch built out of another
+    # family's variant records that variant's kill switches here); merged into the record
+    launch_from: dict[str, Any] = field(default_factory=dict)
+    # why this launch cannot be bit-exact with the baseline launch by construction (an upstream
+    # kernel that sums with float atomics): it is then checked against the reference only
+    inexact: str = ""
+
+
+@dataclass
+class Check:
+    ok: bool
+    detail: str = ""
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ----------------------------------------------------------------------------------- the catalogue
+
+_CATALOGUE: dict[str, FamilySpec] | None = None
+_BROKEN: dict[str, str] = {}  # family name (or "plugin WHERE") -> its one-line error
+
+
+def catalogue() -> dict[str, FamilySpec]:
+    """Every family that loads: the built-in ones, then those plugins registered (installed entry
+    points and the files in $MOEBENCH_PLUGINS are loaded on first use; --plugin and a spec's
+    plugins: add theirs when they are read). A built-in family whose package or declarations fail,
+    or an installed plugin that fails, is left out and listed by `broken()`: the others still load."""
+    global _CATALOGUE
+    if _CATALOGUE is None:
+        _CATALOGUE = {}
+        for name in BUILTIN:
+            try:
+                fam = importlib.import_module(f"{FAMILIES_PACKAGE}.{name}").FAMILY
+            except Exception as e:  # noqa: BLE001 - a broken family breaks only itself
+                _BROKEN[name] = _one_line(e, _FAMILIES_DIR / name)
+                continue
+            _CATALOGUE[fam.name] = fam
+        from moebench.sources.plugins import load_installed
+
+        _BROKEN.update(load_installed())
+    return _CATALOGUE
+
+
+def broken() -> dict[str, str]:
+    """The families (by name) and installed plugins ("plugin WHERE") that failed to load, each with
+    its one-line error naming file:line."""
+    catalogue()
+    return dict(_BROKEN)
+
+
+def _one_line(e: BaseException, folder: Path) -> str:
+    """An error from importing a family's package as one line, naming the file and line in that
+    family's folder (or the deepest line in moebench) where it went wrong."""
+    import traceback
+
+    if isinstance(e, DeclarationError):
+        return str(e).splitlines()[0]
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}: SyntaxError: {e.msg}"
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if Path(f.filename).is_relative_to(folder)] or \
+        [f for f in frames if Path(f.filename).is_relative_to(_FAMILIES_DIR)] or frames
+    where = f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
+    text = (str(e).strip().splitlines() or [""])[0]
+    return f"{where}{type(e).__name__}: {text}"
+
+
+def get_family(name: str) -> FamilySpec:
+    """A family by name; KeyError when there is none; a UsageError (exit 2) naming file:line when
+    it exists but failed to load."""
+    cat = catalogue()
+    if name not in cat:
+        if name in _BROKEN:
+            from moebench.errors import UsageError
+
+            raise UsageError(family_error(name))
+        raise KeyError(name)
+    return cat[name]
+
+
+def family_error(name: str) -> str | None:
+    """Why family `name` cannot be used, as one line, or None when it loads (or does not exist)."""
+    catalogue()
+    why = _BROKEN.get(name)
+    return f"family {name!r} failed to load: {why}" if why else None
+
+
+def register_family(fam: FamilySpec) -> FamilySpec:
+    """Add a family (from a plugin) to the catalogue."""
+    from moebench.sources.plugins import current_source
+
+    if fam.origin == "builtin" and current_source():
+        fam.origin = current_source()
+    cat = catalogue()
+    have = cat.get(fam.name)
+    if have is not None and have is not fam:
+        raise ValueError(f"family {fam.name!r} already exists ({have.origin}); give the new one another name")
+    cat[fam.name] = fam
+    return fam

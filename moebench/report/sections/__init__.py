@@ -1,0 +1,32 @@
+"""The families' own parts of the pages, above the families: a built-in family's section of a
+sweep page (and of an `ab` page, where it has one) lives here, one module per family, and reads
+records only. A plugin family brings its own as ``FamilySpec(sections=..., ab_sections=...)``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from moebench.report.sections import act, combine, count, layer
+
+# family name -> its section of a sweep's results page, and of an `ab` run's page
+SWEEP: dict[str, Callable[[list], str]] = {"count": count.markdown_sections, "act": act.markdown_sections,
+                                           "combine": combine.markdown_sections, "layer": layer.markdown_sections}
+AB: dict[str, Callable[[list], str]] = {"layer": layer.conversion_section}
+
+
+def _pick(fam, own: Callable | None, builtin: dict[str, Callable]) -> Callable | None:
+    if own is not None:
+        return own
+    return builtin.get(fam.name) if fam.origin == "builtin" else None
+
+
+def sweep_section(fam, records: list) -> str | None:
+    """The family's own part of a sweep's results page, or None where it has none."""
+    fn = _pick(fam, fam.sections, SWEEP)
+    return fn(records) if fn is not None else None
+
+
+def ab_section(fam, records: list) -> str | None:
+    """The family's own reading of both arms of an `ab` run (layer: the conversion), or None."""
+    fn = _pick(fam, fam.ab_sections, AB)
+    return fn(records) if fn is not None else None
