@@ -28,11 +28,13 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from itertools import combinations
 from pathlib import Path
 from typing import Any, Sequence
 
 from moebench.errors import SpecError, UsageError
+
+# the checkout moebench runs from (moebench.core.spec.PACKAGE_ROOT; not imported: spec reads this module)
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SETTINGS = ("auto", "none")
 # a model is a few KB per hundred cases; anything this big is the wrong file
@@ -118,9 +120,8 @@ def _number(v: Any, path: Path, key: str, lo: float, hi: float) -> float:
 
 def load(path: Path, root: Path | None = None) -> NoiseModel:
     """Read a noise model file. Numbers and names only; anything else is a SpecError (exit 2)."""
-    from moebench.core.spec import PACKAGE_ROOT
 
-    root = root or PACKAGE_ROOT
+    root = root or _REPO_ROOT
     try:
         if not path.is_file():
             raise SpecError(path, "", "no such noise model file" if not path.exists() else "not a file")
@@ -159,9 +160,8 @@ def load(path: Path, root: Path | None = None) -> NoiseModel:
 
 
 def auto_path(sweep: str, device_slug: str, root: Path | None = None) -> Path:
-    from moebench.core.spec import PACKAGE_ROOT
 
-    return (root or PACKAGE_ROOT) / "results" / device_slug / "noise" / f"{sweep}.json"
+    return (root or _REPO_ROOT) / "results" / device_slug / "noise" / f"{sweep}.json"
 
 
 def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: str, timing=None,
@@ -170,9 +170,8 @@ def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: s
     (another device's model is ignored, with a note); `none`: no model; else a path (relative to
     the working directory, then the repository root), used even when made on another device (noted).
     `timing`: the run's settings, to note a model made under other timing settings."""
-    from moebench.core.spec import PACKAGE_ROOT
 
-    root = root or PACKAGE_ROOT
+    root = root or _REPO_ROOT
     if setting == "none":
         return NoiseChoice(setting)
     if setting == "auto":

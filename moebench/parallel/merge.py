@@ -147,7 +147,7 @@ def _case_map(loaded: list) -> dict | None:
 def _baseline_deltas(records: list, baseline_of: dict, spec) -> None:
     """Read every timed record against the baseline launch of its shape (found by the baseline case
     id the files list), as a sweep does: speedup, Δµs and the per-step projection."""
-    from moebench.analysis.ab import launch_layers
+    from moebench.core.baseline import launch_layers
 
     by_id = {r.case_id: r for r in records}
     layers = spec.model.get("moe_layers")

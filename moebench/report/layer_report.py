@@ -26,7 +26,7 @@ from pathlib import Path
 
 from moebench.analysis.ab import separation_cell
 from moebench.core.records import atomic_write_text, load_results
-from moebench.report.sweep import TIE_NOTE, fastest, fastest_text, full_labels
+from moebench.report.ties import TIE_NOTE, fastest, fastest_text, full_labels
 from moebench.core.text import md_table, num
 from moebench.report.sections.layer import SEPARATION_LEGEND, conversions
 

@@ -80,7 +80,7 @@ def test_a_shared_axis_still_splits_with_integer_titles():
 
 
 def test_fastest_names_a_tie_inside_the_noise():
-    from moebench.report.sweep import fastest, fastest_text
+    from moebench.report.ties import fastest, fastest_text
 
     a, b, c = lrec("upstream", 2.1336, 0.029), lrec("capped", 2.1881, 0.035), lrec("legacy", 3.11, 0.01)
     assert fastest([c, b, a]) == [a, b]
@@ -90,7 +90,7 @@ def test_fastest_names_a_tie_inside_the_noise():
 
 
 def test_which_grid_wins_says_tie_between_overlapping_kernels():
-    from moebench.families.act import markdown_sections
+    from moebench.report.sections.act import markdown_sections
 
     def arec(variant, cap, us, noise):
         return Record("act-grid", "act", f"{variant}{cap}", variant, variant, "ok",

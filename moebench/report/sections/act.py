@@ -10,7 +10,7 @@ _SEED_CAP = 8192
 def markdown_sections(records) -> str:
     """Which geometry wins at each shape, and whether the seed's claim (cap 8192 beats the legacy
     min(M, 512) grid at decode) holds on the device these records were timed on."""
-    from moebench.report.sweep import TIE_NOTE, fastest, fastest_text
+    from moebench.report.ties import TIE_NOTE, fastest, fastest_text
 
     timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
     if not timed:

@@ -24,7 +24,7 @@ def markdown_sections(records) -> str:
     if not timed:
         return ("## In the layer\n\nNo timings in this run (correctness only): nothing to say about what a kernel "
                 "change is worth in the step.")
-    from moebench.report.sweep import full_labels
+    from moebench.report.ties import full_labels
 
     keys = [k for k in varying([r.params for r in timed], list(timed[0].params))
             if k in _SHAPE + ("layers", "scope")] or ["tokens", "buffer_tokens"]
@@ -36,7 +36,7 @@ def markdown_sections(records) -> str:
            "alone), µs per launch. Δ is against the spec's baseline launch at the same shape; per step = Δ × "
            "moe_layers / layers per launch. Floor = the local experts' weights of every layer at the DRAM copy "
            "ceiling (they do not fit in L2).", ""]
-    from moebench.report.sweep import TIE_NOTE, fastest
+    from moebench.report.ties import TIE_NOTE, fastest
 
     names = dict(zip(map(id, timed), full_labels(timed, [k for k in timed[0].params if k not in keys])))
     tie = False
@@ -59,7 +59,7 @@ def markdown_sections(records) -> str:
 
 
 def _pm(r) -> str:
-    from moebench.report.sweep import half_width
+    from moebench.report.ties import half_width
 
     return f"{half_width(r):.2f}" if r.timing.get("rel_noise") is not None else "—"
 
