@@ -59,7 +59,9 @@ class NoiseModel:
     method: dict = field(default_factory=dict, compare=False)
 
     def describe(self) -> str:
-        return f"measured: {self.path} ({self.runs} runs, {(self.commit or 'commit unknown')[:12]})"
+        n = self.method.get("commits", 0) if isinstance(self.method, dict) else 0
+        made = self.commit[:12] if self.commit else (f"{n} commits" if n else "commit unknown")
+        return f"measured: {self.path} ({self.runs} runs, {made})"
 
     def term(self, case_id: str, floor: float) -> tuple[float, str]:
         """(the run-to-run half-width to add for this case, which one it is)."""
@@ -155,8 +157,11 @@ def load(path: Path, root: Path | None = None) -> NoiseModel:
             raise SpecError(path, f"cases.{cid}", "expected an object with rerun_rel")
         terms[str(cid)] = _number(c.get("rerun_rel"), path, f"cases.{cid}.rerun_rel", 0.0, 1.0)
     method = doc.get("method") if isinstance(doc.get("method"), dict) else {}
-    return NoiseModel(_shown(path, root), hashlib.sha256(data).hexdigest(), dev, runs, commit, sweep, terms,
-                      {k: v for k, v in method.items() if isinstance(v, (int, float, str))})
+    method = {k: v for k, v in method.items() if isinstance(v, (int, float, str))}
+    commits = doc.get("commits")
+    if isinstance(commits, list) and all(isinstance(c, str) for c in commits):
+        method["commits"] = len(commits)  # a model measured over several commits names how many
+    return NoiseModel(_shown(path, root), hashlib.sha256(data).hexdigest(), dev, runs, commit, sweep, terms, method)
 
 
 def auto_path(sweep: str, device_slug: str, root: Path | None = None) -> Path:
