@@ -367,7 +367,14 @@ def build_far(inp, params, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("isolate", [False, True], ids=["here", "isolated"])
+# Without --isolate the fallback cannot help on torch 2.11: on an H200 (4aff8da, results/h200/
+# gpu-tests.txt's call) the illegal address aborted the whole process in MemPool's destructor
+# ("terminate called after throwing an instance of 'c10::AcceleratorError'") while the failed
+# case's placements were freed, before the driver saw the record. strict: passing here is news.
+@pytest.mark.parametrize("isolate", [
+    pytest.param(False, marks=pytest.mark.xfail(strict=True, reason="torch aborts freeing the poisoned placement "
+                                                "pools: without --isolate an illegal address ends the run")),
+    True], ids=["here", "isolated"])
 def test_a_store_far_out_of_bounds_on_a_gpu_fails_its_case_only(tmp_path, isolate):
     """Before: a plugin store far out of bounds ended the run (rc 139), or, as a CUDA error, failed
     every later case in the poisoned context."""
