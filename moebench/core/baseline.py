@@ -26,12 +26,17 @@ def add_baseline_deltas(spec, records: list[Record]) -> None:
             base_by_shape[tuple((k, r.params.get(k)) for k in fam.shape_params)] = r.timing["median_us"]
     layers = spec.model.get("moe_layers") if spec.model else None
     for r in records:
-        m = r.timing.get("median_us")
-        base = base_by_shape.get(tuple((k, r.params.get(k)) for k in fam.shape_params))
-        if m is None or base is None:
-            continue
-        r.work["baseline_us"] = base
-        r.work["speedup"] = round(base / m, 3) if m > 0 else None
-        r.work["delta_us"] = round(m - base, 4)
-        if layers:
-            r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(fam, r.params), 2)
+        set_delta(r, base_by_shape.get(tuple((k, r.params.get(k)) for k in fam.shape_params)), layers, fam)
+
+
+def set_delta(r: Record, base: float | None, layers: int | None, family) -> None:
+    """One timed record against its baseline's median: speedup, Δµs and the per-step projection
+    Δµs x MoE layers / layers per launch (nothing without both medians)."""
+    m = r.timing.get("median_us")
+    if m is None or base is None:
+        return
+    r.work["baseline_us"] = base
+    r.work["speedup"] = round(base / m, 3) if m > 0 else None
+    r.work["delta_us"] = round(m - base, 4)
+    if layers:
+        r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(family, r.params), 2)

@@ -147,21 +147,13 @@ def _case_map(loaded: list) -> dict | None:
 def _baseline_deltas(records: list, baseline_of: dict, spec) -> None:
     """Read every timed record against the baseline launch of its shape (found by the baseline case
     id the files list), as a sweep does: speedup, Δµs and the per-step projection."""
-    from moebench.core.baseline import launch_layers
+    from moebench.core.baseline import set_delta
 
     by_id = {r.case_id: r for r in records}
     layers = spec.model.get("moe_layers")
     for r in records:
         b = by_id.get(baseline_of.get(r.case_id) or "")
-        m = r.timing.get("median_us")
-        base = b.timing.get("median_us") if b is not None and b.status == "ok" else None
-        if m is None or base is None:
-            continue
-        r.work["baseline_us"] = base
-        r.work["speedup"] = round(base / m, 3) if m > 0 else None
-        r.work["delta_us"] = round(m - base, 4)
-        if layers:
-            r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(spec.family, r.params), 2)
+        set_delta(r, b.timing.get("median_us") if b is not None and b.status == "ok" else None, layers, spec.family)
 
 
 def _merged_provenance(loaded: list, commits: list[str]) -> dict:
