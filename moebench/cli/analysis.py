@@ -246,14 +246,18 @@ def compare(
     out.print(rep.summary(), style="bold", highlight=False)
     if not rep.rows:
         raise UsageError(f"{base} and {new} share no case_id: nothing to compare")
-    if fail_on_regression:
-        code, why = rep.gate(allow_unclear=allow_unclear)
-        if code == 2:
-            raise UsageError(f"--fail-on-regression: {why}; the gate fails closed")
-        if code:
-            err.print(f"--fail-on-regression: {why}", style="red")
-        raise typer.Exit(code)
-    raise typer.Exit(0)
+    raise typer.Exit(compare_gate(rep, allow_unclear=allow_unclear) if fail_on_regression else 0)
+
+
+def compare_gate(rep, *, allow_unclear: bool) -> int:
+    """--fail-on-regression: the gate's exit code, said on stderr; a file that cannot support a
+    verdict is exit 2 (the gate fails closed)."""
+    code, why = rep.gate(allow_unclear=allow_unclear)
+    if code == 2:
+        raise UsageError(f"--fail-on-regression: {why}; the gate fails closed")
+    if code:
+        err.print(f"--fail-on-regression: {why}", style="red")
+    return code
 
 
 def print_compare_notes(rep, threshold: float, metric: str) -> None:

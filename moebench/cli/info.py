@@ -159,15 +159,7 @@ def show(
     tables = [("measured", title, t) for title, t in pivots(records, rows, cols, metric, names)]
     ref = None
     if reference:
-        from moebench.analysis.reference import load_reference
-        from moebench.report.reference import beside_reference
-
-        ref = load_reference(reference)
-        if ref.family != records[0].family:
-            raise UsageError(f"--reference: {ref.name} is a {ref.family!r} table; {results} is {records[0].family!r}")
-        tables = beside_reference(records, ref, rows, cols, metric, names)
-        if not tables:
-            raise UsageError(f"--reference: no cell of {ref.name} matches a {rows} x {cols} cell of {results}")
+        ref, tables = _beside_reference(results, records, reference, rows, cols, metric)
     for kind, title, t in tables:
         head = f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else "")
         shown, corner = "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"
@@ -180,6 +172,20 @@ def show(
     dev = prov.get("device", {}).get("name")
     if dev:
         out.print(f"device: {dev}; command: {prov.get('command')}")
+
+
+def _beside_reference(results: Path, records: list, reference: str, rows: str, cols: str, metric: str):
+    """show --reference: the published table and the pivots that set the measurement beside it."""
+    from moebench.analysis.reference import load_reference
+    from moebench.report.reference import beside_reference
+
+    ref = load_reference(reference)
+    if ref.family != records[0].family:
+        raise UsageError(f"--reference: {ref.name} is a {ref.family!r} table; {results} is {records[0].family!r}")
+    tables = beside_reference(records, ref, rows, cols, metric, list(records[0].params))
+    if not tables:
+        raise UsageError(f"--reference: no cell of {ref.name} matches a {rows} x {cols} cell of {results}")
+    return ref, tables
 
 
 @app.command(short_help="Rewrite a results file's page with today's report code.")

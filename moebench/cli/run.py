@@ -82,32 +82,35 @@ CASE_LIMIT_S = 120.0
 CASE_LIMIT_MAX_S = 1e6
 
 
-def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bool, force: bool,
-            cross_check: str | None, time_it: bool, devices: str | None = None,
-            case_limit: float = CASE_LIMIT_S, isolate: bool = False) -> int:
-    """Run a planned sweep or verify matrix and write its results; returns the exit code. Every
-    option is checked before the first case runs, and the run holds its output's lock throughout."""
-    from moebench.core.device import host_device, load_or_measure_ceilings
-    from moebench.core.records import (OutputLock, ResultsWriter, existing_records, previous_records, provenance,
-                                       record_key, result_stem, run_settings, stream_path, writable_dir)
-    from moebench.report.sweep import sweep_markdown, verdict_line
-    from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
-    from moebench.core.passes import check_cross_checks, select
-    from moebench.core.pipeline import Options
+@dataclass
+class Where:
+    """Where and how a planned run runs, every option checked against the device it gets."""
 
-    spec = p.spec
+    device: object
+    timed: bool
+    cross: tuple
+    fmts: tuple
+    gpus: list | None
+    environ: dict  # the run's environment, handed down to the driver (which checks it); read once, here
+    untimed: bool = False  # timings were asked for, but there is no CUDA device
+    isolate: bool = False  # the cases run in a child process (moebench.parallel.workers.isolated)
+    noise: object = None  # the noise model chosen for a run asked to time (moebench.core.noise.NoiseChoice)
+
+
+def where(p: Plan, *, interpret: bool, formats: str, cross_check: str | None, time_it: bool,
+          devices: str | None, case_limit: float, isolate: bool) -> Where:
+    """Check every option against the device the run gets (exit 2 before anything runs)."""
+    from moebench.core.device import host_device
+    from moebench.core.passes import check_cross_checks, select
 
     fmts = parse_formats(formats)
     cross = parse_cross(cross_check)
     if not 0 <= case_limit <= CASE_LIMIT_MAX_S:
         raise UsageError(f"--case-limit: expected seconds from 0 (no limit) to {CASE_LIMIT_MAX_S:g}, got {case_limit:g}")
     check_cross_checks(cross)
-    host_only = spec.family.host_only
-    if host_only:
-        device = host_device()
-        time_it = False
-    else:
-        device = select_backend(interpret)
+    spec, host_only = p.spec, p.spec.family.host_only
+    device = host_device() if host_only else select_backend(interpret)
+    time_it = time_it and not host_only
     timed = time_it and device.backend == "cuda"
     gpus = None
     if devices:  # before the ceilings are measured: a bad --devices fails at once
@@ -121,104 +124,150 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         raise UsageError(f"--isolate: family {spec.family.name!r} is host-only (it runs no kernel); drop --isolate")
     select(cross, backend=device.backend, timed=timed, workers=bool(gpus) or isolate)  # one that cannot run: exit 2
     environ = dict(os.environ)  # the run's environment, handed down; read once
+    chosen = None
     if time_it:  # the measured run-to-run term (moebench.core.noise); a malformed model: exit 2 here
         from moebench.core.noise import apply as apply_noise
 
         chosen = apply_noise(spec, device)
         if timed and chosen.note:
             err.print(f"note: noise model: {chosen.note}", markup=False, highlight=False, soft_wrap=True)
-    stem = result_stem(spec.name, quick=p.quick, verify=p.verify)
+    return Where(device, timed, tuple(cross), tuple(fmts), gpus, environ, time_it and not timed, isolate, chosen)
+
+
+def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bool, force: bool,
+            cross_check: str | None, time_it: bool, devices: str | None = None,
+            case_limit: float = CASE_LIMIT_S, isolate: bool = False) -> int:
+    """Run a planned sweep or verify matrix and write its results; returns the exit code. Every
+    option is checked before the first case runs (the kill-switch variables by the run driver), and
+    the run holds its output's lock throughout."""
+    from moebench.core.records import OutputLock, result_stem, writable_dir
+
+    w = where(p, interpret=interpret, formats=formats, cross_check=cross_check, time_it=time_it, devices=devices,
+              case_limit=case_limit, isolate=isolate)
+    stem = result_stem(p.spec.name, quick=p.quick, verify=p.verify)
     if p.shard is not None:
         from moebench.parallel.shards import shard_stem
 
         stem = shard_stem(stem, *p.shard)
     writable_dir(out_dir, "--out")
-    dest = writable_dir(out_dir / device.slug, "--out")
-
+    dest = writable_dir(out_dir / w.device.slug, "--out")
     with OutputLock(dest, stem):
-        have, where = existing_records(dest, stem, fmts)
-        if have > len(p.cases) and not force:
-            raise UsageError(f"{where} holds {have} records and this run has {len(p.cases)} cases: it would be "
-                             "replaced by fewer; pass --force to replace it, or another --out")
-        if time_it and not timed:
-            err.print("No CUDA device: kernels run under the Triton interpreter on the CPU; correctness only, "
-                      "no timings.", style="yellow")
-        ceilings = {}
-        if timed:
-            with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
-                ceilings = load_or_measure_ceilings(device, out_dir)
-        settings = run_settings(spec, device, timed=timed, cross=cross, environ=environ)
-        extra = {"cross_checks": list(cross), "timed": timed, "n_cases": len(p.cases),
-                 "shard": list(p.shard) if p.shard else None, "settings": settings}
-        if timed:
-            extra["noise_model"] = chosen.provenance()
-        if any(spec.family.variants[c.variant].source == "upstream" for c in p.cases):
-            from moebench.sources import upstream
+        records, summary, written = run_locked(p, w, out_dir, dest, stem, resume=resume, force=force,
+                                               case_limit=case_limit)
+    return finish(p, w, records, summary, written)
 
-            extra["upstream"] = upstream.provenance()
-        from moebench.sources import plugins
 
-        if plugins.loaded():
-            extra["plugins"] = plugins.loaded()
-        prov = provenance(spec, device, quick=p.quick, verify=p.verify, ceilings=ceilings, extra=extra)
-        keys = {c.id: record_key(c, settings) for c in p.cases}
-        done = {}
-        if resume or stream_path(dest, stem).exists():
-            found = previous_records(dest, stem, keys, settings)
-            if resume:
-                done = found.kept
-                err.print(found.summary(len(p.cases)), markup=False, highlight=False, soft_wrap=True)
-            elif found.kept:
-                err.print(f"note: {stream_path(dest, stem)} holds {len(found.kept)} finished records of an earlier "
-                          "run under these settings; --resume would keep them (this run keeps them in the stream)",
-                          highlight=False, soft_wrap=True)
-        writer = ResultsWriter(dest, stem, prov, fmts, force=force, keys=keys)
-        writer.add_many(done[c.id] for c in p.cases if c.id in done)
-        opts = Options(timing=spec.timing, time_it=timed, cross=cross, ceilings=ceilings, traceback=STATE["verbose"],
-                       case_limit_s=case_limit or None)
+def run_locked(p: Plan, w: Where, out_dir: Path, dest: Path, stem: str, *, resume: bool, force: bool,
+               case_limit: float):
+    """The run itself, under the output's lock: ceilings, provenance, resumed records, the run
+    driver's events into the results writer; returns (records, summary, what was written)."""
+    from moebench.core.device import load_or_measure_ceilings
+    from moebench.core.driver import run_sweep
+    from moebench.core.pipeline import Options
+    from moebench.core.records import ResultsWriter, existing_records, provenance, record_key, run_settings
+    from moebench.core.runinfo import run_extra, summary_fields
+    from moebench.report.sweep import sweep_markdown
 
-        summary = None
-        from moebench.parallel.workers import isolated, pool
+    spec = p.spec
+    have, where_ = existing_records(dest, stem, w.fmts)
+    if have > len(p.cases) and not force:
+        raise UsageError(f"{where_} holds {have} records and this run has {len(p.cases)} cases: it would be "
+                         "replaced by fewer; pass --force to replace it, or another --out")
+    if w.untimed:
+        err.print("No CUDA device: kernels run under the Triton interpreter on the CPU; correctness only, "
+                  "no timings.", style="yellow")
+    ceilings = {}
+    if w.timed:
+        with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
+            ceilings = load_or_measure_ceilings(w.device, out_dir)
+    settings = run_settings(spec, w.device, timed=w.timed, cross=w.cross, environ=w.environ)
+    extra = run_extra(spec, p.cases, cross=w.cross, timed=w.timed, shard=p.shard, settings=settings,
+                      noise_model=w.noise.provenance() if w.timed else None)
+    prov = provenance(spec, w.device, quick=p.quick, verify=p.verify, ceilings=ceilings, extra=extra)
+    keys = {c.id: record_key(c, settings) for c in p.cases}
+    done = previous(dest, stem, keys, settings, resume=resume, n_cases=len(p.cases))
+    writer = ResultsWriter(dest, stem, prov, w.fmts, force=force, keys=keys)
+    writer.add_many(done[c.id] for c in p.cases if c.id in done)
+    opts = Options(timing=spec.timing, time_it=w.timed, cross=w.cross, ceilings=ceilings,
+                   traceback=STATE["verbose"], case_limit_s=case_limit or None)
+    workers, fallback = run_workers(p, w, opts)
+    events = run_sweep(spec, p.cases, opts, w.device, done=done, workers=workers, environ=w.environ,
+                       fallback=fallback)  # made lazily
+    summary = drive(p, events, writer, len(p.cases) - len(done))
+    records = summary.records
+    prov.update(summary_fields(summary))
+    md = sweep_markdown(spec, records, prov, metric=None if w.timed or spec.family.host_only else "ref_check")
+    return records, summary, writer.finalize(records, complete=summary.complete, markdown=md)
 
-        workers = fallback = None
-        if gpus or isolate:
-            workers = pool(spec, gpus, opts, isolate=isolate) if gpus else isolated(spec, opts, device.backend)
-        elif not host_only:  # after a CUDA error that poisons this process's context: the rest in a fresh one
-            fallback = isolated(spec, opts, device.backend)
-        events = run_sweep(spec, p.cases, opts, device, done=done, workers=workers, environ=environ,
-                           fallback=fallback)  # made lazily
-        with sigterm_as_interrupt(), Bar(spec.name, len(p.cases) - len(done)) as bar:
-            try:
-                for ev in events:
-                    if isinstance(ev, Started):
-                        bar.note(ev.case.short(p.vary))
-                    elif isinstance(ev, Retimed):
-                        bar.note(f"{ev.case.short(p.vary)} (clock {ev.sm_mhz} MHz: timing again)")
-                    elif isinstance(ev, Finished):
-                        writer.add(ev.record)
-                        bar.advance()
-                    elif isinstance(ev, Profiling):
-                        bar.describe(f"{spec.name}: {ev.what}")
-                    elif isinstance(ev, Summary):
-                        summary = ev
-                    if isinstance(ev, (Started, Finished)):
-                        raise_pending()  # a signal that landed in an import, or that something swallowed
-            except KeyboardInterrupt as e:  # landed here, between events: the driver still sums up
-                summary = events.throw(e)
-            except OutputError as e:  # the disk filled up (or the folder went away) under the run
-                events.close()
-                raise OutputError(f"{e}; every record finished before it is in {writer.partial} (free the space, "
-                                  "then rerun with --resume)") from None
-        records = summary.records
-        prov["sweep_wall_s"] = summary.wall_s  # cases incl. compile + verify
-        prov["compile_s_total"] = summary.compile_s
-        prov["jit_specializations"] = summary.jit_specializations
-        prov["wall_phases_s"] = summary.phases  # where the cases' time went (scripts/wall_profile.py)
-        prov["complete"] = summary.complete
-        prov["cross_checks"] = summary.passes  # what ran, and only that
-        md = sweep_markdown(spec, records, prov, metric=None if timed or host_only else "ref_check")
-        written = writer.finalize(records, complete=summary.complete, markdown=md)
 
+def run_workers(p: Plan, w: Where, opts):
+    """The worker processes the driver hands cases to: one per GPU of --devices, or one child for
+    --isolate; otherwise none, with an isolated child as the fallback that runs the rest after a
+    CUDA error poisons this process's context (none for a host-only family). Made lazily."""
+    from moebench.parallel.workers import isolated, pool
+
+    if w.gpus or w.isolate:
+        return (pool(p.spec, w.gpus, opts, isolate=w.isolate) if w.gpus
+                else isolated(p.spec, opts, w.device.backend)), None
+    if p.spec.family.host_only:
+        return None, None
+    return None, isolated(p.spec, opts, w.device.backend)
+
+
+def previous(dest: Path, stem: str, keys: dict, settings: dict, *, resume: bool, n_cases: int) -> dict:
+    """The finished records of an earlier run into the same output that --resume keeps (by case id);
+    without --resume, a note that there are some."""
+    from moebench.core.records import previous_records, stream_path
+
+    if not (resume or stream_path(dest, stem).exists()):
+        return {}
+    found = previous_records(dest, stem, keys, settings)
+    if resume:
+        err.print(found.summary(n_cases), markup=False, highlight=False, soft_wrap=True)
+        return found.kept
+    if found.kept:
+        err.print(f"note: {stream_path(dest, stem)} holds {len(found.kept)} finished records of an earlier "
+                  "run under these settings; --resume would keep them (this run keeps them in the stream)",
+                  highlight=False, soft_wrap=True)
+    return {}
+
+
+def drive(p: Plan, events, writer, todo: int):
+    """The run driver's events onto the progress bar and into the results writer; returns the
+    Summary (an incomplete one when interrupted)."""
+    from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary
+
+    summary = None
+    with sigterm_as_interrupt(), Bar(p.spec.name, todo) as bar:
+        try:
+            for ev in events:
+                if isinstance(ev, Started):
+                    bar.note(ev.case.short(p.vary))
+                elif isinstance(ev, Retimed):
+                    bar.note(f"{ev.case.short(p.vary)} (clock {ev.sm_mhz} MHz: timing again)")
+                elif isinstance(ev, Finished):
+                    writer.add(ev.record)
+                    bar.advance()
+                elif isinstance(ev, Profiling):
+                    bar.describe(f"{p.spec.name}: {ev.what}")
+                elif isinstance(ev, Summary):
+                    summary = ev
+                if isinstance(ev, (Started, Finished)):
+                    raise_pending()  # a signal that landed in an import, or that something swallowed
+        except KeyboardInterrupt as e:  # landed here, between events: the driver still sums up
+            summary = events.throw(e)
+        except OutputError as e:  # the disk filled up (or the folder went away) under the run
+            events.close()
+            raise OutputError(f"{e}; every record finished before it is in {writer.partial} (free the space, "
+                              "then rerun with --resume)") from None
+    return summary
+
+
+def finish(p: Plan, w: Where, records: list, summary, written) -> int:
+    """Say what the run did (or why it is incomplete) and return its exit code."""
+    from moebench.report.sweep import verdict_line
+
+    spec, host_only = p.spec, p.spec.family.host_only
     saved = ", ".join(map(str, written.paths + ([written.stream] if written.stream else [])))
     if written.kept is not None:
         kept, n = written.kept
@@ -231,20 +280,20 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
         raise UsageError(f"not written: {saved}")
     if not p.verify:
         page = next((x for x in written.paths if x.suffix == ".md"), None)
-        print_pivots(spec, records, None if timed or host_only else "ref_check", page)
+        print_pivots(spec, records, None if w.timed or host_only else "ref_check", page)
     line = verdict_line(records) if not host_only else (
         f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated")
-    note = "" if timed or host_only or device.backend == "cuda" else "  (interpreter run: no timings)"
+    note = "" if w.timed or host_only or w.device.backend == "cuda" else "  (interpreter run: no timings)"
     out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"), note))
-    if device.backend == "interpret":
+    if w.device.backend == "interpret":
         out.print(f"Interpreter: {summary.jit_specializations} kernel specializations, {summary.compile_s:.1f} s in "
                   "their first launches")
     elif not host_only:
         out.print(f"JIT: {summary.jit_specializations} specializations"
-                  f"{f' across {len(gpus)} workers' if gpus else ''}, {summary.compile_s:.1f} s compiling"
-                  + (" (excluded from timings)" if timed else ""))
+                  f"{f' across {len(w.gpus)} workers' if w.gpus else ''}, {summary.compile_s:.1f} s compiling"
+                  + (" (excluded from timings)" if w.timed else ""))
     print_failures(records, p.vary)
-    if "counters" in cross:
+    if "counters" in w.cross:
         from moebench.core.counters import note as counters_note
 
         missing = counters_note(records)

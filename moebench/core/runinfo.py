@@ -8,12 +8,15 @@ from typing import Sequence
 
 
 def run_extra(spec, cases: Sequence, *, cross: Sequence[str], timed: bool, shard: tuple[int, int] | None,
-              settings: dict) -> dict:
+              settings: dict, noise_model: dict | None = None) -> dict:
     """The provenance a run adds before it starts: the cross-checks asked for (the Summary later
     says which ran), whether it is timed, its cases and shard, the settings its records are
-    resumed under, and where upstream and plugin kernels came from when the run uses them."""
+    resumed under, the noise model of a timed run (moebench.core.noise: the chosen model's
+    provenance), and where upstream and plugin kernels came from when the run uses them."""
     extra = {"cross_checks": list(cross), "timed": timed, "n_cases": len(cases),
              "shard": list(shard) if shard else None, "settings": settings}
+    if timed and noise_model is not None:
+        extra["noise_model"] = noise_model
     if any(spec.family.variants[c.variant].source == "upstream" for c in cases):
         from moebench.sources import upstream
 
