@@ -453,6 +453,41 @@ def restate(all_series: Sequence[Series], model) -> int:
     return n
 
 
+def restate_with(all_series: Sequence[Series], setting: str = "auto") -> list[str]:
+    """Re-state each sweep's intervals with its device noise model (`restate`): `auto` finds
+    results/<device>/noise/<sweep>.json of the repository for the one device a sweep's runs were
+    timed on (moebench.core.noise.resolve: another device's model is ignored), `none` keeps the
+    stated intervals, anything else is a model file for every sweep. Returns one line per sweep
+    saying what was used."""
+    from moebench.core.noise import load, resolve
+    from moebench.core.text import slugify
+
+    if setting == "none":
+        return []
+    by_sweep: dict[str, list[Series]] = {}
+    for s in all_series:
+        by_sweep.setdefault(s.sweep, []).append(s)
+    lines = []
+    for sweep, group in sorted(by_sweep.items()):
+        if setting != "auto":
+            model = load(Path(setting))
+        else:
+            devices = {x.hardware.get("device") for s in group for x in s.points if x.hardware.get("device")}
+            if len(devices) != 1:
+                lines.append(f"{sweep}: no noise model ({len(devices)} devices in its runs): stated intervals")
+                continue
+            (name,) = devices
+            choice = resolve("auto", sweep=sweep, device_name=name, device_slug=slugify(name))
+            model = choice.model
+            if model is None:
+                lines.append(f"{sweep}: no noise model for {name}" + (f" ({choice.note})" if choice.note else "")
+                             + ": stated intervals")
+                continue
+        n = restate(group, model)
+        lines.append(f"{sweep}: intervals re-stated with {model.describe()} ({n} runs of the cases it holds)")
+    return lines
+
+
 def check(all_series: Sequence[Series], *, sig: float = 0.05, permutations: int = 199, seed: int = 0,
           min_step: float = MIN_STEP) -> CheckReport:
     if not 0 < sig < 1:

@@ -91,9 +91,10 @@ def check(
     permutations: int = typer.Option(199, "--permutations", help="Permutations per test."),
     min_step: float = typer.Option(1.0, "--min-step", help="A smaller step (percent) is labelled noise."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
-    noise: Optional[Path] = typer.Option(None, "--noise", help="A device noise model (results/<device>/noise/"
-                                         "SWEEP.json, scripts/repro.py calibrate): each run's interval re-stated "
-                                         "with the model's run-to-run term for its case, as the timer states it."),
+    noise: str = typer.Option("auto", "--noise", help="The device noise model each run's interval is re-stated "
+                              "with, as the timer states it (scripts/repro.py calibrate): auto (default) finds "
+                              "results/<device>/noise/<sweep>.json for the runs' device, none keeps the stated "
+                              "intervals, or a model file."),
 ):
     """E-divisive means (Matteson & James 2014, as in MongoDB's CI) on each case's medians in run
     order. Each change point is labelled: hardware/driver change, method change, noise (the step lies
@@ -106,12 +107,10 @@ def check(
         found = series(con, sweep=sweep)
     if not found:
         raise UsageError(f"{db}: no records" + (f" of sweep {sweep!r}" if sweep else ""))
-    if noise is not None:
-        from moebench.analysis.history import restate
-        from moebench.core.noise import load
+    from moebench.analysis.history import restate_with
 
-        n = restate(found, load(noise))
-        out.print(f"intervals re-stated with the noise model {noise} ({n} runs of cases it covers)", highlight=False)
+    for line in restate_with(found, noise):
+        out.print(line, highlight=False, soft_wrap=True)
     rep = run_check(found, sig=sig, permutations=permutations, min_step=min_step / 100)
     keys = varying_params(found)
     head = ["case", "params", "at run", "commit", "before µs", "after µs", "step %", "p", "label", "why"]

@@ -14,13 +14,13 @@ import functools
 import json
 import os
 import platform
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moebench.errors import BackendError
+from moebench.core.text import slugify
 
 CEILINGS_VERSION = 3  # bump when the measurement below changes
 
@@ -46,13 +46,6 @@ class DeviceInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def slugify(name: str) -> str:
-    s = name.lower()
-    s = re.sub(r"^nvidia\s+", "", s)
-    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
-    return s or "device"
 
 
 def triton_version() -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterable, Sequence
 
 
@@ -72,3 +73,11 @@ def varying(rows: Sequence[dict], names: Iterable[str]) -> list[str]:
         if len(values) > 1:
             out.append(n)
     return out
+
+
+def slugify(name: str) -> str:
+    """A device's folder name under results/: 'NVIDIA H200' -> 'h200'."""
+    s = name.lower()
+    s = re.sub(r"^nvidia\s+", "", s)
+    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+    return s or "device"
