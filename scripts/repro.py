@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import re
 import shutil
 import socket
@@ -177,13 +176,12 @@ def restated(rec: Record, model: N.NoiseModel | None) -> float:
     """A record's stated relative half-width re-stated with `model`: its within-run part with the
     model's term for the case (never below the run's own run-to-run term) in quadrature."""
     t = rec.timing
-    rel, rerun = float(t.get("rel_noise") or 0), float(t.get("rerun_rel") or 0)
-    within = t.get("rel_noise_within")
-    within = float(within) if within is not None else math.sqrt(max(0.0, rel * rel - rerun * rerun))
+    rel = float(t.get("rel_noise") or 0)
     if model is None:
         return rel
-    term, _ = model.term(rec.case_id, rerun)
-    return math.hypot(within, term)
+    within = t.get("rel_noise_within")
+    return N.restated(rel, float(within) if within is not None else None, float(t.get("rerun_rel") or 0), model,
+                      rec.case_id)
 
 
 def with_noise(rec: Record, rel: float) -> Record:

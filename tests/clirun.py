@@ -43,6 +43,22 @@ fixed: {{buffer_tokens: 64}}
 """
 
 
+def long_count_spec(name: str) -> str:
+    """A 40-case count sweep (ten seeds x four blocks) that lasts many seconds under the interpreter:
+    long enough to be interrupted, or signalled, mid-run."""
+    return f"""
+name: {name}
+family: count
+model: qwen3-30b-a3b
+variants: [persistent]
+baseline: {{variant: persistent, block_size: 1024}}
+axes:
+  seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+  block_size: [32, 64, 128, 256]
+fixed: {{buffer_tokens: 256, tokens: 200}}
+"""
+
+
 def interrupt_after(monkeypatch, n: int) -> None:
     """Ctrl-C as the run driver meets it: a KeyboardInterrupt when the (n+1)-th case starts, the same
     path a real SIGINT between cases takes (the run ends with the records finished so far)."""

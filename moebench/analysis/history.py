@@ -439,16 +439,16 @@ def restate(all_series: Sequence[Series], model) -> int:
     quadrature, as the timer states it when the model is in force. Runs made before a model existed
     state only the default term, which the between-process (and between-commit) spread of some
     cases exceeds. Returns how many points were re-stated."""
+    from moebench.core.noise import restated
+
     n = 0
     for s in all_series:
-        term = model.cases.get(s.case_id)
-        if term is None:
+        if s.case_id not in model.cases:
             continue
         for x in s.points:
             if x.rel_noise is None:
                 continue
-            within = x.rel_noise_within if x.rel_noise_within is not None else x.rel_noise
-            x.rel_noise = math.hypot(within, max(term, x.rerun_rel or 0.0))
+            x.rel_noise = restated(x.rel_noise, x.rel_noise_within, x.rerun_rel, model, s.case_id)
             n += 1
     return n
 

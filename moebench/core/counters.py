@@ -172,34 +172,35 @@ def parse_ncu_csv(text: str) -> list[Kernel]:
     head = rows[0]
     col = {h: i for i, h in enumerate(head)}
     kernels: dict[int, Kernel] = {}
+
+    def kernel_of(r: list[str]) -> Kernel | None:
+        """The row's kernel launch (made on its first row), or None for a row that is not one."""
+        if len(r) != len(head):
+            return None
+        try:
+            kid = int(r[col["ID"]])
+        except ValueError:
+            return None
+        if kid not in kernels:
+            kernels[kid] = Kernel(kid, r[col["Kernel Name"]], r[col.get("Grid Size", 0)], r[col.get("Block Size", 0)])
+        return kernels[kid]
+
     if "Metric Name" in col:  # long layout
         for r in rows[1:]:
-            if len(r) != len(head):
-                continue
-            try:
-                kid = int(r[col["ID"]])
-            except ValueError:
-                continue
-            k = kernels.get(kid)
+            k = kernel_of(r)
             if k is None:
-                k = kernels[kid] = Kernel(kid, r[col["Kernel Name"]], r[col.get("Grid Size", 0)],
-                                          r[col.get("Block Size", 0)])
+                continue
             k.metrics[r[col["Metric Name"]]] = number(r[col["Metric Value"]], r[col.get("Metric Unit", 0)]
                                                       if "Metric Unit" in col else "")
         return [kernels[i] for i in sorted(kernels)]
     units = rows[1] if len(rows) > 1 and rows[1] and rows[1][0] == "" else None  # raw page: units row
     for r in rows[2 if units else 1:]:
-        if len(r) != len(head):
+        k = kernel_of(r)
+        if k is None:
             continue
-        try:
-            kid = int(r[col["ID"]])
-        except ValueError:
-            continue
-        k = Kernel(kid, r[col["Kernel Name"]], r[col.get("Grid Size", 0)], r[col.get("Block Size", 0)])
         for i, h in enumerate(head):
             if "__" in h:
                 k.metrics[h] = number(r[i], units[i] if units else "")
-        kernels[kid] = k
     return [kernels[i] for i in sorted(kernels)]
 
 

@@ -261,6 +261,17 @@ def pair_term(values: Sequence[float]) -> float:
     return math.ceil((max(values) - min(values)) / min(values) / math.sqrt(2) * 1e5) / 1e5
 
 
+def restated(rel: float, within: float | None, rerun: float | None, model: NoiseModel, case_id: str) -> float:
+    """A stated relative half-width re-stated with `model`, as the timer states it when the model is
+    in force: the within-run part (derived from `rel` and its run-to-run term `rerun` when not
+    recorded) with max(`rerun`, the model's term for the case) in quadrature."""
+    rerun = rerun or 0.0
+    if within is None:
+        within = math.sqrt(max(0.0, rel * rel - rerun * rerun))
+    term, _ = model.term(case_id, rerun)
+    return math.hypot(within, term)
+
+
 def calibrate(runs: Sequence[tuple[str, str, dict, list]], *, floor: float | None = None) -> dict:
     """A noise model document from N >= 2 runs of one sweep on one device: `runs` is
     (name, sha256, provenance, records) per run. Per case timed in at least two runs: spread_rel =

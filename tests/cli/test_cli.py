@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import run_cli, small_count_spec
+from clirun import long_count_spec, run_cli, small_count_spec
 from moebench.core.family import get_family
 from moebench.families.count import kernels as count
 
@@ -113,17 +113,7 @@ def test_bad_cli_options_exit_2(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- interruption
 
-MANY = """
-name: many
-family: count
-model: qwen3-30b-a3b
-variants: [persistent]
-baseline: {variant: persistent, block_size: 1024}
-axes:
-  seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-  block_size: [32, 64, 128, 256]
-fixed: {buffer_tokens: 256, tokens: 200}
-"""
+MANY = long_count_spec("many")
 
 
 def _start(spec: Path, out: Path, *extra):

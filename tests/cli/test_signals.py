@@ -12,20 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from clirun import long_count_spec
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # 40 cases: under the interpreter the run lasts well past the last delay, so an exit 0 is a signal lost
-LONG = """
-name: long
-family: count
-model: qwen3-30b-a3b
-variants: [persistent]
-baseline: {variant: persistent, block_size: 1024}
-axes:
-  seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-  block_size: [32, 64, 128, 256]
-fixed: {buffer_tokens: 256, tokens: 200}
-"""
+LONG = long_count_spec("long")
 
 # Where the signal lands, in seconds after moebench's first line ran: the start-up imports (typer,
 # rich, pandas), the command's own imports (torch, triton, numpy), the spec, the first cases, the run.

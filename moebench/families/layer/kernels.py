@@ -310,10 +310,6 @@ class _Geometry:
                    min(cdiv(T, _COMBINE_TOKENS_PER_CTA), _MAX_COMBINE_CTAS),
                    min(next_pow2(params["hidden"]), _MAX_BLOCK_H))
 
-    def key(self) -> tuple:
-        return ("layer-glue", self.topk, self.align, self.local, self.copy_ctas, self.combine_ctas, self.block_h)
-
-
 def expert_offsets(inp: Inputs, g: _Geometry) -> None:
     _expert_offsets_kernel[(1,)](inp.counts, inp.starts, inp.ends, g.local, ALIGN=g.align,
                                  LOCAL_POW2=next_pow2(g.local))
@@ -339,7 +335,7 @@ def combine(inp: Inputs, y: torch.Tensor, layer: int, g: _Geometry) -> None:
 # The count and act kernels are other families' variants, built through their own resolve (run
 # once per case by FAMILY.resolve, with the run's environment: resolve_delegates) and builder
 # around this step's tensors. What this relies on (keep it stable): FamilySpec.resolve /
-# .builder / .load; Built.launch / .geometry / .compile_key, and a count Built's reset (zero the
+# .builder / .load; Built.launch / .geometry, and a count Built's reset (zero the
 # counters; it runs inside the step, so it must be graph-capturable); the keyword fields of count's
 # Inputs(routing_map, valid, counts_buf, counts, tokens) and act's Inputs(op, x, live, perm,
 # out_buf, out, work_rows, rows, live_rows, n_cols, in_cols); the shape parameters count takes
@@ -380,7 +376,7 @@ class _Step:
         fam, self.act_params, self.act_from = _delegate(params, "act", act_shape, device)
         self.act_inputs = fam.load().Inputs
         self.act_builder = fam.builder(params["act_variant"])
-        # built once around the fixed FC1 buffer: its geometry and compile key, and an op the
+        # built once around the fixed FC1 buffer: its geometry, and an op the
         # variant does not implement fails here, before anything runs
         self.act_alone = self.activation(inp.fc1_out)
         self.gemm, self.gemm_name = grouped_mm_impl(inp.x.device.type)
@@ -418,7 +414,7 @@ class _Step:
         combine(inp, y, layer, self.g)
 
     def geometry(self) -> tuple[dict, dict, tuple]:
-        """(geometry, launch_from, compile key) of the whole step, for the record."""
+        """(geometry, launch_from) of the whole step, for the record."""
         count = self.counters[0]
         geo = {"count_variant": self.params["count_variant"], "act_variant": self.params["act_variant"],
                **{f"count_{k}": v for k, v in count.geometry.items()},
@@ -427,8 +423,7 @@ class _Step:
                "gemm": self.gemm_name}
         sources = {**{f"count_{k}": v for k, v in self.count_from.items()},
                    **{f"act_{k}": v for k, v in self.act_from.items()}}
-        key = (self.g.key(), count.compile_key, self.act_alone.compile_key, self.gemm_name)
-        return geo, sources, key
+        return geo, sources
 
 
 # ----------------------------------------------------------------------------------- reference
@@ -709,27 +704,27 @@ def _poison_out(inp: Inputs) -> Callable[[], None]:
                     "kernel alone on the step's own tensors (scope count / act)")
 def build_step(inp: Inputs, params: dict, device) -> Built:
     step = _Step(inp, params, device)
-    geometry, sources, key = step.geometry()
+    geometry, sources = step.geometry()
     scope = params["scope"]
     if scope == "step":
         def launch():
             for l in range(params["layers"]):
                 step.layer(l)
 
-        return Built(launch, inp.out, _poison_out(inp), geometry, key, sources)
+        return Built(launch, inp.out, _poison_out(inp), geometry, launch_from=sources)
     if scope == "count":
         step.route(0)  # the layer's routing map: what the count kernel alone counts
 
         def reset():
             inp.counts.zero_()
 
-        return Built(step.counters[0].launch, inp.counts, reset, geometry, key, sources)
+        return Built(step.counters[0].launch, inp.counts, reset, geometry, launch_from=sources)
     inp.fc1_out.copy_(step.up_to_fc1(0))  # the layer's FC1 output: what the activation alone reads
 
     def reset():
         inp.act_out.view(torch.int16).fill_(_ACT_POISON_BITS)
 
-    return Built(step.act_alone.launch, inp.act_out, reset, geometry, key, sources)
+    return Built(step.act_alone.launch, inp.act_out, reset, geometry, launch_from=sources)
 
 
 @FAMILY.variant("mcore", source="upstream",
@@ -760,7 +755,7 @@ def build_mcore(inp: Inputs, params: dict, device) -> Built:
 
     geometry = {"source": upstream.status("fused_moe").source, "align": 16, "rows": capacity_rows(params),
                 "writes_out_in_place": takes_out}
-    return Built(launch, inp.out, _poison_out(inp), geometry, ("mcore", K, L, params["hidden"], params["ffn"]),
+    return Built(launch, inp.out, _poison_out(inp), geometry,
                  inexact="megatron-core claims permuted rows and sums the top-k contributions with atomics, so its "
                          "row order and fp32 summation order vary from run to run")
 
