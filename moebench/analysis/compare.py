@@ -11,7 +11,7 @@ from moebench.core.records import Record
 from moebench.errors import UsageError
 
 
-VERDICTS = ("SAME", "FASTER", "SLOWER", "UNCLEAR")
+VERDICTS = ("SAME", "FASTER", "SLOWER", "NOISY", "UNCLEAR")
 
 # The run-to-run half-width of a record that states none (timing.rerun_rel absent: files of an
 # older moebench, e.g. results/h200x2/*.json, whose rel_noise is the spread inside one run only:
@@ -44,8 +44,12 @@ COMPARE_RULE = (
     "run-to-run term the record states (rerun_rel) or, for a record that states none (an older file), "
     f"LEGACY_RERUN_REL = {LEGACY_RERUN_REL:g} added in quadrature. With t the threshold: FASTER or "
     "SLOWER when |d| ≥ t and |d| > n (resolved from zero and at least t; for a higher-is-better metric "
-    "such as gbps a drop is SLOWER); SAME when |d| + n < t (any change is inside ±t); UNCLEAR otherwise "
-    "(a change of t or more cannot be confirmed or ruled out), and when a row has no noise estimate. "
+    "such as gbps a drop is SLOWER); SAME when |d| + n < t (any change is inside ±t); NOISY when "
+    "|d| ≤ n, and the runs' within-run half-widths combined (w) are under t: each run is precise "
+    "enough to judge t, their difference is inside the run-to-run spread the files state, and that "
+    "spread (a case measured to move between processes or hosts by about t or more) cannot resolve a "
+    "change of t; UNCLEAR otherwise (a difference resolved from zero but not shown to reach t or to "
+    "stay under it, or runs too imprecise to judge t), and when a row has no noise estimate. "
     "nvbench's compare calls a change SAME when |d| ≤ min(noise) of the two rows; this rule adds the "
     "threshold so that a resolved but immaterial change stays SAME.")
 
@@ -113,12 +117,29 @@ class CompareReport:
     def unclear(self) -> list[CompareRow]:
         return [r for r in self.rows if r.verdict == "UNCLEAR" and r.judged]
 
-    def gate(self, *, allow_unclear: bool = False) -> tuple[int, str]:
+    @property
+    def noisy(self) -> list[CompareRow]:
+        return [r for r in self.rows if r.verdict == "NOISY"]
+
+    def noisy_note(self) -> str:
+        """What the gate did not vouch for: the NOISY cases and how wide their noise is."""
+        if not self.noisy:
+            return ""
+        ns = sorted(100 * (r.noise or 0) for r in self.noisy)
+        span = f"±{ns[0]:.1f}%" if len(ns) == 1 else f"±{ns[0]:.1f}% to ±{ns[-1]:.1f}%"
+        return (f"{len(self.noisy)} of {len(self.rows)} cases are NOISY: their difference is inside their stated "
+                f"noise ({span}), which cannot resolve a change of {100 * self.threshold:g}%, so the gate does not "
+                f"vouch for them at that threshold (e.g. {self.noisy[0].case_id} {self.noisy[0].label}: "
+                f"{100 * (self.noisy[0].diff or 0):+.2f}%)")
+
+    def gate(self, *, allow_unclear: bool = False, strict_noise: bool = False) -> tuple[int, str]:
         """The exit code of `--fail-on-regression` and why. Fails closed: 2 when the files cannot
         support a verdict (nothing compared, a case of BASE missing from NEW, a matched case without
         both times and noise estimates); else 1 when a case is SLOWER or failed in NEW; else 2 when a
-        case is UNCLEAR (a change of the threshold or more can be neither confirmed nor ruled out)
-        unless `allow_unclear`; else 0."""
+        case is UNCLEAR (a difference resolved from zero that can be neither confirmed to reach the
+        threshold nor ruled out) unless `allow_unclear`, or NOISY with `strict_noise`; else 0. A
+        NOISY case passes (its difference is within the noise both runs state) and is named in the
+        reason (noisy_note): the gate says which cases it could not resolve at the threshold."""
         if not self.rows or all(r.new_status == r.base_status == "unavailable" for r in self.rows):
             return 2, "BASE and NEW share no measured case: nothing was compared"
         # a case unavailable in both files (its kernel source was on neither machine) was measured in
@@ -141,7 +162,9 @@ class CompareReport:
                        f"{100 * (r.diff or 0):+.2f}% ± {100 * (r.noise or 0):.2f}%), so the gate cannot vouch for "
                        f"them at {100 * self.threshold:g}%; pass --allow-unclear to let them through, or raise "
                        "--threshold")
-        return 0, "no regression"
+        if self.noisy and strict_noise:
+            return 2, self.noisy_note() + "; --strict-noise fails them"
+        return 0, "no regression" + (f"; {self.noisy_note()}" if self.noisy else "")
 
     def summary(self) -> str:
         c = self.counts()
@@ -177,6 +200,20 @@ def states_rerun(rec: Record) -> bool:
     """Whether the record's rel_noise already holds a run-to-run term (timing.rerun_rel)."""
     v = rec.timing.get("rerun_rel")
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def within_noise(rec: Record) -> float | None:
+    """The within-run part of a row's half-width (no run-to-run term): timing.rel_noise_within where
+    recorded, else rel_noise less the stated rerun_rel in quadrature; for an older file that states
+    no run-to-run term, its rel_noise."""
+    t = rec.timing
+    v = t.get("rel_noise_within")
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+        return float(v)
+    rel = record_noise(rec)
+    if rel is None or not states_rerun(rec):
+        return rel
+    return math.sqrt(max(0.0, rel * rel - float(t["rerun_rel"]) ** 2))
 
 
 def judged_noise(rec: Record) -> float | None:
@@ -230,8 +267,10 @@ def add_cycles(records: list[Record], metric: str = "median_us") -> int:
 
 
 def classify(base: float, new: float, base_noise: float | None, new_noise: float | None,
-             threshold: float, higher_is_better: bool = False) -> tuple[str, float, float | None]:
-    """(verdict, d, n) by COMPARE_RULE."""
+             threshold: float, higher_is_better: bool = False, *,
+             within: tuple[float | None, float | None] | None = None) -> tuple[str, float, float | None]:
+    """(verdict, d, n) by COMPARE_RULE. `within`: the two rows' within-run half-widths; without
+    them a row's whole half-width counts as within-run, and no case is NOISY."""
     d = (new - base) / base
     if base_noise is None or new_noise is None:
         return "UNCLEAR", d, None
@@ -240,6 +279,10 @@ def classify(base: float, new: float, base_noise: float | None, new_noise: float
         return ("SLOWER" if (d > 0) != higher_is_better else "FASTER"), d, n
     if abs(d) + n < threshold:
         return "SAME", d, n
+    wb, wn = within if within is not None else (base_noise, new_noise)
+    n_within = math.hypot(wb if wb is not None else base_noise, wn if wn is not None else new_noise)
+    if abs(d) <= n and n_within < threshold:
+        return "NOISY", d, n
     return "UNCLEAR", d, n
 
 
@@ -334,7 +377,7 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
             row.note = "BASE time is not positive"
         else:
             row.verdict, row.diff, row.noise = classify(row.base_us, row.new_us, judged_noise(b), judged_noise(n),
-                                                        threshold, higher)
+                                                        threshold, higher, within=(within_noise(b), within_noise(n)))
             row.judged = row.noise is not None
             if row.noise is None:
                 row.note = "no noise estimate"

@@ -190,7 +190,7 @@ def _print_ab(pairs: list[ABPair], layers: int | None, per_launch, md: str) -> N
     out.print(md, highlight=False, soft_wrap=True)
 
 
-@app.command(short_help="Per case SAME / FASTER / SLOWER / UNCLEAR; a CI gate.")
+@app.command(short_help="Per case SAME / FASTER / SLOWER / NOISY / UNCLEAR; a CI gate.")
 def compare(
     base: Path = typer.Argument(..., help="Results .json of the baseline run."),
     new: Path = typer.Argument(..., help="Results .json of the run to judge."),
@@ -203,6 +203,8 @@ def compare(
     metric: str = typer.Option("median_us", "--metric", help="Column to compare: a time (*_us, lower is better), "
                                "x_floor, or a throughput (gbps, speedup: higher is better)."),
     allow_unclear: bool = typer.Option(False, "--allow-unclear", help="Let UNCLEAR cases through the gate."),
+    strict_noise: bool = typer.Option(False, "--strict-noise", help="Fail the gate (exit 2) on NOISY cases too: "
+                                      "those whose stated noise is too wide to resolve the threshold."),
     allow_settings: bool = typer.Option(False, "--allow-settings", help="Compare files timed under other timer "
                                         "settings (L2, groups, placements, ...) or kill switches."),
     allow_device: bool = typer.Option(False, "--allow-device", help="Compare files timed on other devices."),
@@ -210,17 +212,18 @@ def compare(
     markdown: bool = MARKDOWN_OPT,
     fmt: str = TABLE_FORMAT_OPT,
 ):
-    """Per case (matched by case_id): SAME / FASTER / SLOWER / UNCLEAR (--markdown: a pipe table to paste).
+    """Per case (matched by case_id): SAME / FASTER / SLOWER / NOISY / UNCLEAR (--markdown: a pipe table).
 
     d = (new - base) / base on the median; noise n = sqrt(nb² + nn²) from each file's own noise
     model: rel_noise (the ~95% half-width of its median) with the run-to-run term the record states
     (rerun_rel), or, for an older file that states none, a 5% run-to-run floor in quadrature
     (moebench.analysis.compare.LEGACY_RERUN_REL). FASTER/SLOWER when |d| >= threshold and |d| > n;
-    SAME when |d| + n < threshold; UNCLEAR otherwise, or without a noise estimate.
+    SAME when |d| + n < threshold; NOISY when |d| <= n, each run precise (within-run half-widths under
+    the threshold) but n too wide for SAME; UNCLEAR otherwise, or without a noise estimate.
 
     Files timed on other devices or under other timer settings stop with exit 2 unless
-    --allow-device / --allow-settings; the gate fails on UNCLEAR unless --allow-unclear. Confirm a
-    SLOWER with `moebench ab`."""
+    --allow-device / --allow-settings; the gate fails on UNCLEAR unless --allow-unclear, and passes
+    NOISY cases naming them (--strict-noise fails them). Confirm a SLOWER with `moebench ab`."""
     from moebench.analysis import read_results
     from moebench.analysis.compare import check_comparable, compare_records
     from moebench.report.sweep import compare_markdown
@@ -246,17 +249,19 @@ def compare(
     out.print(rep.summary(), style="bold", highlight=False)
     if not rep.rows:
         raise UsageError(f"{base} and {new} share no case_id: nothing to compare")
-    raise typer.Exit(compare_gate(rep, allow_unclear=allow_unclear) if fail_on_regression else 0)
+    raise typer.Exit(compare_gate(rep, allow_unclear=allow_unclear, strict_noise=strict_noise) if fail_on_regression else 0)
 
 
-def compare_gate(rep, *, allow_unclear: bool) -> int:
+def compare_gate(rep, *, allow_unclear: bool, strict_noise: bool = False) -> int:
     """--fail-on-regression: the gate's exit code, said on stderr; a file that cannot support a
-    verdict is exit 2 (the gate fails closed)."""
-    code, why = rep.gate(allow_unclear=allow_unclear)
+    verdict is exit 2 (the gate fails closed). A pass with NOISY cases names them."""
+    code, why = rep.gate(allow_unclear=allow_unclear, strict_noise=strict_noise)
     if code == 2:
         raise UsageError(f"--fail-on-regression: {why}; the gate fails closed")
     if code:
         err.print(f"--fail-on-regression: {why}", style="red")
+    elif rep.noisy:
+        err.print(f"--fail-on-regression: {why}", style="yellow", highlight=False, soft_wrap=True)
     return code
 
 
@@ -272,7 +277,8 @@ def print_compare_notes(rep, threshold: float, metric: str) -> None:
               highlight=False)
     out.print(f"Rule: SLOWER/FASTER when |Δ| ≥ {threshold:g}% and |Δ| > noise"
               + (f" ({metric}: higher is better)" if rep.higher_is_better else "")
-              + f"; SAME when |Δ| + noise < {threshold:g}%; else UNCLEAR (moebench compare --help).", style="dim")
+              + f"; SAME when |Δ| + noise < {threshold:g}%; NOISY when |Δ| ≤ noise but noise is too wide for SAME"
+              + "; else UNCLEAR (moebench compare --help).", style="dim")
 
 
 @app.command(short_help="The robust (minimax-regret) configuration; --emit the launch values a runtime reads.")
@@ -492,7 +498,7 @@ def _compare_table(rep, title: str) -> Table:
     for c in (["case", "variant"] + vary + [f"BASE {unit}", f"NEW {unit}", "Δ %", "noise ±%", "verdict"]
               + (["cycles BASE / NEW"] if show_cyc else []) + ["note"]):
         t.add_column(c, justify="right" if c.endswith(("µs", "%", "cycles", "NEW", metric)) else "left")
-    colour = {"SAME": "", "FASTER": "green", "SLOWER": "red", "UNCLEAR": "yellow"}
+    colour = {"SAME": "", "FASTER": "green", "SLOWER": "red", "NOISY": "magenta", "UNCLEAR": "yellow"}
     fmt = ".0f" if cycles else ".3f"
     for r in rep.rows:
         cyc = [f"{num(r.base_cycles, '.0f')} / {num(r.new_cycles, '.0f')}"] if show_cyc else []

@@ -184,6 +184,21 @@ def test_classify(base, new, nb, nn, verdict):
     assert classify(base, new, nb, nn, 0.05)[0] == verdict
 
 
+@pytest.mark.parametrize("new,nb,nn,within,verdict", [
+    # a bimodal case (measured run-to-run term ±7.5%, each run precise to ±0.9%): its two modes 8.6%
+    # apart are inside the stated ±10.7%, which cannot resolve 5%
+    (10.86, 0.0758, 0.0758, (0.009, 0.009), "NOISY"),
+    (10.0, 0.0758, 0.0758, (0.009, 0.009), "NOISY"),
+    (11.2, 0.0758, 0.0758, (0.009, 0.009), "SLOWER"),  # 12% > ±10.7%: resolved, past the threshold
+    (8.8, 0.0758, 0.0758, (0.009, 0.009), "FASTER"),
+    (10.86, 0.0758, 0.0758, (0.04, 0.04), "UNCLEAR"),  # runs too imprecise to judge 5% (±5.7% within)
+    (10.86, 0.0758, 0.0758, None, "UNCLEAR"),  # no within-run parts: the whole half-width counts as within
+    (10.2, 0.004, 0.004, (0.004, 0.004), "SAME"),  # a narrow case is never NOISY
+])
+def test_classify_noisy_is_a_difference_inside_a_wide_run_to_run_term(new, nb, nn, within, verdict):
+    assert classify(10.0, new, nb, nn, 0.05, within=within)[0] == verdict
+
+
 def test_compare_known_regression_and_only_in_one():
     base = seed_table_records()
     new = seed_table_records(lambda b, t: 1.12 if (b, t) == (128, 256) else 1.0)
@@ -226,7 +241,7 @@ def test_compare_cli_identical_files_all_same(tmp_path, monkeypatch, capsys):
     b = write(tmp_path / "a.json", seed_table_records())
     code, out, _ = cli(monkeypatch, capsys, "compare", b, b, "--fail-on-regression")
     assert code == 0
-    assert "16 matched cases: 16 SAME, 0 FASTER, 0 SLOWER, 0 UNCLEAR" in one_line(out)
+    assert "16 matched cases: 16 SAME, 0 FASTER, 0 SLOWER, 0 NOISY, 0 UNCLEAR" in one_line(out)
 
 
 # ----------------------------------------------------------------------------- recommend

@@ -83,9 +83,9 @@ def test_calibrate_writes_the_model_and_report_tells_calibration_from_validation
     # the real `compare --fail-on-regression`: 3 of the 10 pairs go 1.00 -> 1.10 at ±0.5% (SLOWER, false
     # alarms); with the model's term none is called SLOWER
     assert "files as written**: 7 of 10 exit 0; 3 false alarms" in text
-    # ... and the gate fails closed on the jumpy case instead: its ±10% interval is wider than the 5%
-    # threshold, so it is UNCLEAR (exit 2, "cannot vouch"), never a false SLOWER
-    assert "files re-stated with the model**: 0 of 10 exit 0; 0 false alarms" in text and "10 exit 2 (cannot judge)" in text
+    # ... and the gate passes every pair: the jumpy case's difference is inside its measured ±10%
+    # run-to-run term, which cannot resolve 5%, so it is NOISY (named, not vouched for), never SLOWER
+    assert "files re-stated with the model**: 10 of 10 exit 0; 0 false alarms" in text
     # the spread and the targets
     assert f"1 of {n_cases} cases over 3% (target: none) -> **NOT met**" in text
     # between calls: call 1's mean of the jumpy case is 1.033x, call 2's 1.05x: 1.6% apart
