@@ -26,11 +26,13 @@ LEGACY_RERUN_REL = 0.05
 # said to differ: µs then mix the code's change with the clock's; --cycles compares µs x MHz.
 CLOCK_TOLERANCE = 0.02
 
-# Timer settings that decide how long a measurement runs, not what it measures: they may differ
-# between the two files. Every other key of provenance.timing (l2, groups, placements, launches per
-# graph, placement memory, ...) changes the number itself, and must agree unless --allow-settings.
+# Timer settings that decide how long a measurement runs, or only the half-width it states (rerun_rel,
+# noise: the run-to-run term and the model it comes from; each file's own is used), not what it
+# measures: they may differ between the two files. Every other key of provenance.timing (l2, groups,
+# placements, launches per graph, placement memory, ...) changes the number itself, and must agree
+# unless --allow-settings.
 NOISE_ONLY_SETTINGS = frozenset({"warmup", "min_replays", "max_replays", "max_seconds", "target_rel_noise",
-                                 "clock_drop", "clock_retries", "rerun_rel"})
+                                 "clock_drop", "clock_retries", "rerun_rel", "noise"})
 
 # Which way is better, per metric: a time (any *_us, cycles) or a ratio to a floor is better lower;
 # a throughput or a speed-up is better higher. A metric in neither is refused.
@@ -45,7 +47,8 @@ COMPARE_RULE = (
     f"LEGACY_RERUN_REL = {LEGACY_RERUN_REL:g} added in quadrature. With t the threshold: FASTER or "
     "SLOWER when |d| ≥ t and |d| > n (resolved from zero and at least t; for a higher-is-better metric "
     "such as gbps a drop is SLOWER); SAME when |d| + n < t (any change is inside ±t); NOISY when "
-    "|d| ≤ n, and the runs' within-run half-widths combined (w) are under t: each run is precise "
+    "|d| ≤ n, both records state their run-to-run term (an older file's assumed floor does not count), "
+    "and the runs' within-run half-widths combined (w) are under t: each run is precise "
     "enough to judge t, their difference is inside the run-to-run spread the files state, and that "
     "spread (a case measured to move between processes or hosts by about t or more) cannot resolve a "
     "change of t; UNCLEAR otherwise (a difference resolved from zero but not shown to reach t or to "
@@ -137,8 +140,9 @@ class CompareReport:
         support a verdict (nothing compared, a case of BASE missing from NEW, a matched case without
         both times and noise estimates); else 1 when a case is SLOWER or failed in NEW; else 2 when a
         case is UNCLEAR (a difference resolved from zero that can be neither confirmed to reach the
-        threshold nor ruled out) unless `allow_unclear`, or NOISY with `strict_noise`; else 0. A
-        NOISY case passes (its difference is within the noise both runs state) and is named in the
+        threshold nor ruled out) unless `allow_unclear`, or NOISY with `strict_noise` or when no case
+        is SAME or FASTER (a gate that can vouch for nothing does not pass); else 0. A NOISY case
+        passes (its difference is within the run-to-run noise both runs state) and is named in the
         reason (noisy_note): the gate says which cases it could not resolve at the threshold."""
         if not self.rows or all(r.new_status == r.base_status == "unavailable" for r in self.rows):
             return 2, "BASE and NEW share no measured case: nothing was compared"
@@ -162,8 +166,9 @@ class CompareReport:
                        f"{100 * (r.diff or 0):+.2f}% ± {100 * (r.noise or 0):.2f}%), so the gate cannot vouch for "
                        f"them at {100 * self.threshold:g}%; pass --allow-unclear to let them through, or raise "
                        "--threshold")
-        if self.noisy and strict_noise:
-            return 2, self.noisy_note() + "; --strict-noise fails them"
+        if self.noisy and (strict_noise or not any(r.verdict in ("SAME", "FASTER") for r in self.rows)):
+            return 2, self.noisy_note() + ("; --strict-noise fails them" if strict_noise else
+                                           "; it can vouch for no case at this threshold")
         return 0, "no regression" + (f"; {self.noisy_note()}" if self.noisy else "")
 
     def summary(self) -> str:
@@ -376,8 +381,11 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
         elif row.base_us <= 0:
             row.note = "BASE time is not positive"
         else:
+            # NOISY rests on a run-to-run term the records state (the timer's, or a measured model's);
+            # an older file's 5% floor is assumed, not measured: its cases stay UNCLEAR
+            within = (within_noise(b), within_noise(n)) if states_rerun(b) and states_rerun(n) else None
             row.verdict, row.diff, row.noise = classify(row.base_us, row.new_us, judged_noise(b), judged_noise(n),
-                                                        threshold, higher, within=(within_noise(b), within_noise(n)))
+                                                        threshold, higher, within=within)
             row.judged = row.noise is not None
             if row.noise is None:
                 row.note = "no noise estimate"

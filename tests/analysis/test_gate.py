@@ -68,6 +68,10 @@ def test_a_case_inside_its_wide_measured_term_is_noisy_passes_and_is_named(tmp_p
     assert "1 of 3 cases are NOISY" in " ".join(err.split()) and "c1 persistent: +8.57%" in " ".join(err.split())
     code, _, err = _gate(capsys, a, b, "--strict-noise")
     assert code == 2 and "--strict-noise fails them" in " ".join(err.split())
+    # a gate that could vouch for no case does not pass: at 0.5% the narrow cases are NOISY too (±0.76%
+    # stated, ±0.28% within), the wide one UNCLEAR (let through), none SAME
+    code, _, err = _gate(capsys, a, b, "--threshold", "0.5", "--allow-unclear")
+    assert code == 2 and "it can vouch for no case" in " ".join(err.split())
     # a change past that noise is still caught: 3.50 -> 4.00 µs (+14%) is SLOWER
     c = _file(tmp_path / "c.json", [1.0, 4.00, 2.0], noise=0.0758, rerun=0.0753)
     assert _gate(capsys, a, c)[0] == 1
@@ -84,9 +88,11 @@ def test_other_timer_settings_stop_the_comparison(tmp_path, capsys, setting):
     assert code == 0 and "20 FASTER" in out
 
 
-def test_settings_that_only_decide_how_long_may_differ(tmp_path, capsys):
+@pytest.mark.parametrize("setting", [{"min_replays": 200}, {"noise": "auto"}, {"noise": "none", "rerun_rel": 0.01}])
+def test_settings_that_only_decide_how_long_or_the_stated_noise_may_differ(tmp_path, capsys, setting):
+    # an older file has no timing.noise (absent): its half-widths are its own, the medians the same kind
     a = _file(tmp_path / "a.json", [1.0] * 4)
-    b = _file(tmp_path / "b.json", [1.0] * 4, timing={"min_replays": 200})
+    b = _file(tmp_path / "b.json", [1.0] * 4, timing=setting)
     assert _gate(capsys, a, b)[0] == 0
 
 
