@@ -221,10 +221,6 @@ class Driver:
         pipe, fam = self.pipeline, self.spec.family
         n = len(cases)
         untimed = not self.opts.time_it and not fam.host_only
-        if any(getattr(fam.variants.get(c.variant), "source", "") == "upstream" for c in cases):
-            from moebench.sources import upstream
-
-            upstream.preload(dict(self.environ))  # Megatron's import overlaps the cases before the first upstream one
         last = {}
         if untimed:
             for i, c in enumerate(cases):

@@ -8,10 +8,8 @@ Where they come from, first match wins:
    >= 0.17 needs Python >= 3.12). 0.19.2 has both count kernels and ``_squared_relu_kernel``, not yet
    ``_silu_mul_bounded_kernel`` and ``_swiglu_kernel``.
 
-Importing ``megatron.core`` takes about 10-15 s on an H200 (it pulls in much of Megatron), so nothing
-is imported until a run has a case that needs a kernel, and then once per process: the run driver
-starts the import on a thread when the run begins (`preload`), so that it overlaps the cases before
-the first upstream one. `status` answers without
+Importing ``megatron.core`` takes about 15 s on an H200 (it pulls in much of Megatron), so nothing
+is imported until a case needs a kernel, and then once per process. `status` answers without
 importing anything (no torch): it finds the source file and looks for the kernel's definition in
 its text, which is what `moebench list` shows. Whether the import then works (Megatron's own
 dependencies) is known only at run time; a failed import makes the case `unavailable` with the
@@ -23,7 +21,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,48 +104,6 @@ def status(name: str) -> Status:
 
 
 _LOADED: dict[str, Any] = {}
-_PRELOAD: threading.Thread | None = None
-PRELOAD_ENV = "MOEBENCH_PRELOAD_UPSTREAM"  # 0: import megatron.core only when a case needs it
-
-
-def _use_checkout(attr: str) -> None:
-    """Put the checkout ($MOEBENCH_MEGATRON_LM) first on sys.path; Unavailable when megatron is
-    already imported from somewhere else."""
-    root = checkout()
-    if root is None:
-        return
-    have = sys.modules.get("megatron")
-    if have is not None and not any(Path(p).resolve().is_relative_to(root.resolve())
-                                    for p in getattr(have, "__path__", [])):
-        raise Unavailable(f"upstream {attr}: megatron is already imported from {list(have.__path__)}, not "
-                          f"from the checkout {root}; run in a fresh process")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-
-
-def preload(environ: dict | None = None) -> bool:
-    """Start importing megatron.core (most of an upstream kernel's ~10-15 s import) on a daemon
-    thread, so that it overlaps the cases that come before the first upstream one; `load` waits for
-    it. Only where an upstream kernel's source is here, once per process, not with
-    MOEBENCH_PRELOAD_UPSTREAM=0. Importing runs no GPU work; a failure is left for `load` to report
-    (it imports again, and says why). Returns whether a preload was started."""
-    global _PRELOAD
-    env = os.environ if environ is None else environ
-    if _PRELOAD is not None or env.get(PRELOAD_ENV, "1") == "0" or "megatron.core" in sys.modules:
-        return False
-    if not any(status(n).present for n in KERNELS):
-        return False
-
-    def work() -> None:
-        try:
-            _use_checkout("megatron.core")
-            importlib.import_module("megatron.core")
-        except BaseException:  # noqa: BLE001 - load() imports again and reports the reason
-            pass
-
-    _PRELOAD = threading.Thread(target=work, name="moebench-upstream-import", daemon=True)
-    _PRELOAD.start()
-    return True
 
 
 def load(name: str) -> Any:
@@ -159,9 +114,15 @@ def load(name: str) -> Any:
     st = status(name)
     if not st.present:
         raise Unavailable(f"upstream {st.attr}: {st.why}")
-    if _PRELOAD is not None:
-        _PRELOAD.join()
-    _use_checkout(st.attr)
+    root = checkout()
+    if root is not None:
+        have = sys.modules.get("megatron")
+        if have is not None and not any(Path(p).resolve().is_relative_to(root.resolve())
+                                        for p in getattr(have, "__path__", [])):
+            raise Unavailable(f"upstream {st.attr}: megatron is already imported from {list(have.__path__)}, not "
+                              f"from the checkout {root}; run in a fresh process")
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
     try:
         obj = getattr(importlib.import_module(st.module), st.attr)
     except Exception as e:  # noqa: BLE001 - Megatron's own imports can fail in many ways; all mean unavailable

@@ -187,35 +187,3 @@ def test_twins_section_and_conformance_page(tmp_path):
     page = (tmp_path / "conf.md").read_text()
     assert "12 twin pairs" in page and "No timings" in page
     assert json.loads((tmp_path / "conf.json").read_text())["pairs"][0]["bit_exact"] is True
-
-
-PRELOAD_PROBE = '''
-import sys, threading
-from moebench.sources import upstream
-started = upstream.preload()
-kernel = upstream.load("count_persistent")
-import megatron.core as mc
-print(started, mc.IMPORTED_ON, kernel.__name__ if hasattr(kernel, "__name__") else type(kernel).__name__)
-'''
-
-
-@pytest.mark.parametrize("switch,started,thread", [(None, "True", "moebench-upstream-import"), ("0", "False", "MainThread")])
-def test_preload_imports_megatron_core_on_a_thread_and_load_waits_for_it(tmp_path, switch, started, thread):
-    root = _checkout(tmp_path / "mlm")
-    # the stand-in package says which thread imported it
-    (root / "megatron" / "core" / "__init__.py").write_text(
-        "import threading\nIMPORTED_ON = threading.current_thread().name\n")
-    env = {k: v for k, v in os.environ.items() if k not in (upstream.ENV, upstream.PRELOAD_ENV)}
-    env.update({upstream.ENV: str(root), "TRITON_INTERPRET": "1"})
-    if switch is not None:
-        env[upstream.PRELOAD_ENV] = switch
-    r = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [started, thread, "_count_local_tokens_kernel_persistent"], r.stdout
-
-
-def test_no_preload_without_an_upstream_source(monkeypatch, tmp_path):
-    monkeypatch.setenv(upstream.ENV, str(tmp_path / "nowhere"))
-    if upstream._installed_version():
-        pytest.skip("megatron-core is installed here")
-    assert upstream.preload() is False and upstream._PRELOAD is None
