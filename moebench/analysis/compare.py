@@ -304,6 +304,10 @@ def check_comparable(pb: dict, pn: dict, *, allow_settings: bool = False, allow_
             raise UsageError(f"{what}: times of two devices are no gate; pass --allow-device to compare them anyway "
                              "(--cycles compares in clock cycles)")
         notes.append(f"{what}: a cross-device comparison (--allow-device)")
+    elif db.get("uuid") and dn.get("uuid") and db["uuid"] != dn["uuid"]:
+        notes.append(f"BASE and NEW ran on two GPUs of one model ({db['uuid'][:12]}, {dn['uuid'][:12]}): a kernel can "
+                     "time differently on two of them every time (measured on H200s: results/h200/TIMER.md, \"Three "
+                     "more hosts\"); each file's noise model covers that only where it was measured across GPUs")
     tb, tn = pb.get("timing") or {}, pn.get("timing") or {}
     keys = sorted((set(tb) | set(tn)) - NOISE_ONLY_SETTINGS)
     sb = (pb.get("settings") or {}).get("switches") or {}

@@ -43,6 +43,8 @@ class DeviceInfo:
     sm_clock_max_mhz: int | None = None
     mem_clock_max_mhz: int | None = None
     extra: dict = field(default_factory=dict)
+    # this GPU's UUID (GPU-...): two GPUs of one model can time a kernel differently (compare says so)
+    uuid: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -167,7 +169,15 @@ def detect(interpret: bool) -> DeviceInfo:
         total_mem_bytes=int(p.total_memory), compute_capability=f"{p.major}.{p.minor}",
         driver=nvml_driver(), cuda=torch.version.cuda, torch=torch.__version__,
         triton=triton_version(), python=platform.python_version(),
-        sm_clock_max_mhz=clocks["sm_max_mhz"], mem_clock_max_mhz=clocks["mem_max_mhz"])
+        sm_clock_max_mhz=clocks["sm_max_mhz"], mem_clock_max_mhz=clocks["mem_max_mhz"], uuid=_gpu_uuid(p))
+
+
+def _gpu_uuid(props) -> str | None:
+    """NVML's spelling of a device's UUID (GPU-xxxxxxxx-...), from torch's device properties."""
+    raw = str(getattr(props, "uuid", "") or "").strip()
+    if not raw:
+        return None
+    return raw if raw.upper().startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
 
 
 def _version(dist: str) -> str | None:

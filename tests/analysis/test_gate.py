@@ -206,3 +206,26 @@ def test_a_case_unavailable_in_both_files_does_not_blind_the_gate():
     except UsageError:
         code = 2  # no timings at all: refused before any verdict
     assert code == 2
+
+
+def test_two_gpus_of_one_model_compare_with_a_note(tmp_path, capsys):
+    a = _file(tmp_path / "a.json", [1.0] * 4)
+    b = _file(tmp_path / "b.json", [1.0] * 4)
+    for p, uuid in ((a, "GPU-82e5abc4-a10c"), (b, "GPU-9ba9c8ba-b47e")):
+        doc = json.loads(p.read_text())
+        doc["provenance"]["device"]["uuid"] = uuid
+        p.write_text(json.dumps(doc))
+    code, _, err = _gate(capsys, a, b)
+    assert code == 0 and "two GPUs of one model (GPU-82e5abc4, GPU-9ba9c8ba)" in " ".join(err.split())
+    code, _, err = _gate(capsys, a, a)
+    assert code == 0 and "two GPUs" not in err
+
+
+def test_detect_spells_the_uuid_as_nvml_does():
+    from types import SimpleNamespace
+
+    from moebench.core.device import _gpu_uuid
+
+    assert _gpu_uuid(SimpleNamespace(uuid="82e5abc4-a10c-cb1f")) == "GPU-82e5abc4-a10c-cb1f"
+    assert _gpu_uuid(SimpleNamespace(uuid="MIG-1234")) == "MIG-1234"
+    assert _gpu_uuid(SimpleNamespace()) is None
