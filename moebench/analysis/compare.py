@@ -306,7 +306,7 @@ def check_comparable(pb: dict, pn: dict, *, allow_settings: bool = False, allow_
         notes.append(f"{what}: a cross-device comparison (--allow-device)")
     elif db.get("uuid") and dn.get("uuid") and db["uuid"] != dn["uuid"]:
         notes.append(f"BASE and NEW ran on two GPUs of one model ({db['uuid'][:12]}, {dn['uuid'][:12]}): a kernel can "
-                     "time differently on two of them every time (measured on H200s: results/h200/TIMER.md, \"Three "
+                     "time differently on two of them every time (measured on H200s: results/h200/TIMER.md, \"Four "
                      "more hosts\"); each file's noise model covers that only where it was measured across GPUs")
     tb, tn = pb.get("timing") or {}, pn.get("timing") or {}
     keys = sorted((set(tb) | set(tn)) - NOISE_ONLY_SETTINGS)
