@@ -128,23 +128,28 @@ class Run:
 
 
 def load_runs(dirs: list[Path]) -> dict[str, list[Run]]:
-    """The runs of every sweep in DIRs, in (DIR, k) order."""
+    """The runs of every sweep in DIRs, in (DIR, k) order. An entry may also be one run's file
+    (DIR/<sweep>-run<k>.json, or any results file of a sweep), to take some runs of a folder."""
     by_sweep: dict[str, list[Run]] = {}
     for d in dirs:
+        files = None
+        if d.is_file() and d.suffix == ".json":
+            d, files = d.parent, [d]
         if not d.is_dir():
-            raise SystemExit(f"{d}: not a folder of runs (scripts/repro.py run --out DIR)")
+            raise SystemExit(f"{d}: not a folder of runs (scripts/repro.py run --out DIR) or a run's file")
         man = {}
         if (d / "repro.json").exists():
             man = json.loads((d / "repro.json").read_text())
         walls = {e.get("file"): e.get("wall_s") for e in man.get("runs", [])}
-        for p in sorted(d.glob("*-run*.json"), key=lambda q: (q.name.rsplit("-run", 1)[0], _k(q))):
+        found = files or sorted(d.glob("*-run*.json"), key=lambda q: (q.name.rsplit("-run", 1)[0], _k(q)))
+        for p in found:
             m = RUN_RE.match(p.name)
-            if not m:
+            if not m and not files:
                 continue
             prov, recs = load_results(p)
-            sweep = prov.get("sweep") or m["sweep"]
+            sweep = prov.get("sweep") or (m["sweep"] if m else p.stem)
             by_sweep.setdefault(sweep, []).append(
-                Run(p, d.name or str(d), sweep, int(m["k"]), hashlib.sha256(p.read_bytes()).hexdigest(), prov,
+                Run(p, d.name or str(d), sweep, int(m["k"]) if m else 0, hashlib.sha256(p.read_bytes()).hexdigest(), prov,
                     recs, walls.get(p.name), man.get("host")))
     return by_sweep
 

@@ -179,7 +179,9 @@ def run_locked(p: Plan, w: Where, out_dir: Path, dest: Path, stem: str, *, resum
     ceilings = {}
     if w.timed:
         with err.status("Measuring device ceilings (copy bandwidth, empty-kernel floor; cached)..."):
-            ceilings = load_or_measure_ceilings(w.device, out_dir)
+            # in a child process: measuring here would change the memory the cases are timed in
+            ceilings = load_or_measure_ceilings(w.device, out_dir, child=True,
+                                                note=lambda m: err.print(m, style="yellow", highlight=False))
     settings = run_settings(spec, w.device, timed=w.timed, cross=w.cross, environ=w.environ)
     extra = run_extra(spec, p.cases, cross=w.cross, timed=w.timed, shard=p.shard, settings=settings,
                       noise_model=w.noise.provenance() if w.timed else None)

@@ -1,0 +1,40 @@
+"""The device ceilings, measured in a process of their own: `python -m moebench.core.ceilings_child
+PATH` detects this process's CUDA device, measures (moebench.core.device.measure_ceilings) and writes
+PATH as `moebench device` does ({"device": ..., "ceilings": ...}).
+
+Why a process of its own: measuring allocates two 2 GiB copy buffers and frees them, and a timed run
+that did that in its own process before its first case read tokens 1024 / BLOCK 512 of count-block
+at ~3.81 µs in 4 of 6 runs against ~3.49 µs in 6 of 6 that found the ceilings cached (one H200,
+alternating; results/h200/TIMER.md, "The per-process level, found"). The timed process must start
+from the same memory every time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m moebench.core.ceilings_child PATH", file=sys.stderr)
+        return 2
+    from moebench.core.device import detect, measure_ceilings
+    from moebench.core.records import atomic_write_text
+    from moebench.errors import BackendError
+
+    try:
+        info = detect(False)
+    except BackendError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    c = measure_ceilings(info)
+    path = Path(argv[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"device": info.to_dict(), "ceilings": c}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
