@@ -5,9 +5,10 @@ model they measure, and how well the stated intervals and the `compare` gate hol
         N fresh-process runs of each sweep, back to back (`moebench sweep NAME --format json`, one
         process each): DIR/<sweep>-run<k>.json, and DIR/repro.json with the wall time of every run,
         its exit code, the host and the GPUs (nvidia-smi -L) the call ran on.
-    python scripts/repro.py calibrate DIR... -o results/h200/noise/
+    python scripts/repro.py calibrate DIR|FILE... -o results/h200/noise/
         The noise model of every sweep in DIR... (moebench.core.noise.calibrate): per case the
         half-width a single run must add so that any two of these runs agree within sqrt(ha² + hb²).
+        A FILE (a run's results file) takes that run alone, to calibrate on some runs of a folder.
     python scripts/repro.py report DIR... [--noise results/h200/noise] -o FILE.md
         Per sweep: the runs (call, host, wall, share of the wall spent replaying, noise model in
         force, calibration or validation run), the per-case spread across all runs against the
