@@ -1,7 +1,7 @@
 """A reproducibility study anyone can re-run (issue 23, item 5): N fresh-process sweeps, the noise
 model they measure, and how well the stated intervals and the `compare` gate hold between them.
 
-    python scripts/repro.py run --n 6 --sweeps count-block,act-grid --out DIR [-- extra sweep args]
+    python scripts/repro.py run --n 6 --sweeps count-block,act-grid --out DIR [--fresh-ceilings] [-- extra sweep args]
         N fresh-process runs of each sweep, back to back (`moebench sweep NAME --format json`, one
         process each): DIR/<sweep>-run<k>.json, and DIR/repro.json with the wall time of every run,
         its exit code, the host and the GPUs (nvidia-smi -L) the call ran on.
@@ -67,8 +67,11 @@ def replay_seconds(records: list[Record]) -> float:
 
 
 def run(n: int, sweeps: list[str], out: Path, extra: list[str], *, python: str = sys.executable,
-        log=print) -> dict:
-    """N fresh processes per sweep, one after the other; returns (and writes) DIR/repro.json."""
+        log=print, fresh_ceilings: bool = False) -> dict:
+    """N fresh processes per sweep, one after the other; returns (and writes) DIR/repro.json.
+    `fresh_ceilings`: delete the cached device ceilings before every run, so that each run measures
+    them (in a child process since 6eaa1ea; in the timed process before, which moved some count
+    cases by ~9%: results/h200/TIMER.md, "The per-process level, found")."""
     out.mkdir(parents=True, exist_ok=True)
     work = out / "_out"  # the sweeps' own output root: the device ceilings are measured once and cached there
     manifest = {"host": socket.gethostname(), "gpus": _gpus(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -78,13 +81,16 @@ def run(n: int, sweeps: list[str], out: Path, extra: list[str], *, python: str =
             stems = (sweep, f"{sweep}-quick")  # the file `sweep` writes, without and with --quick
             for old in [q for st in stems for q in work.glob(f"*/{st}.*")]:  # no stream of a previous run
                 old.unlink()
+            if fresh_ceilings:
+                for cached in work.glob("*/device.json"):
+                    cached.unlink()
             cmd = [python, "-m", "moebench", "sweep", sweep, "--out", str(work), "--format", "json", *extra]
             t0 = time.perf_counter()
             p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             wall = time.perf_counter() - t0
             made = sorted(q for st in stems for q in work.glob(f"*/{st}.json"))
             entry = {"sweep": sweep, "run": k, "exit_code": p.returncode, "wall_s": round(wall, 2),
-                     "command": " ".join(["moebench"] + cmd[3:])}
+                     "command": " ".join(["moebench"] + cmd[3:]), "fresh_ceilings": fresh_ceilings}
             if made:
                 dest = out / f"{sweep}-run{k}.json"
                 shutil.move(str(made[0]), dest)
@@ -423,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--n", type=int, default=6)
     r.add_argument("--sweeps", default="count-block,act-grid")
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--fresh-ceilings", action="store_true",
+                   help="delete the cached device ceilings before every run (each run measures them)")
     c = sub.add_parser("calibrate")
     c.add_argument("dirs", nargs="+", type=Path)
     c.add_argument("-o", "--out", type=Path, required=True)
@@ -437,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "run":
             if a.n < 1:
                 raise SystemExit("--n: expected at least 1 run")
-            m = run(a.n, [s for s in a.sweeps.split(",") if s], a.out, extra)
+            m = run(a.n, [s for s in a.sweeps.split(",") if s], a.out, extra, fresh_ceilings=a.fresh_ceilings)
             return 0 if all(e.get("file") for e in m["runs"]) else 1
         if a.cmd == "calibrate":
             for w in calibrate(a.dirs, a.out):

@@ -150,3 +150,19 @@ def test_run_moves_each_fresh_process_result_and_records_its_wall(tmp_path, repr
                     "out=$6; mkdir -p $out/h200; cp " + str(SRC) + " $out/h200/$4-quick.json\n")
     m = repro.run(1, ["count-block"], tmp_path / "q", ["--quick"], python=str(fake), log=lambda s: None)
     assert m["runs"][0]["file"] == "count-block-run1.json" and (tmp_path / "q" / "count-block-run1.json").exists()
+
+
+def test_fresh_ceilings_deletes_the_cached_ceilings_before_every_run(tmp_path, repro):
+    # the stand-in `python` says whether it found device.json, then writes one (as a sweep would)
+    fake = tmp_path / "fakepy"
+    seen = tmp_path / "seen.txt"
+    fake.write_text("#!/bin/sh\n"
+                    "out=$6; mkdir -p $out/h200; [ -f $out/h200/device.json ] && echo cached >> " + str(seen)
+                    + " || echo missing >> " + str(seen) + "\n"
+                    "echo '{}' > $out/h200/device.json; cp " + str(SRC) + " $out/h200/$4.json\n")
+    fake.chmod(0o755)
+    m = repro.run(2, ["count-block"], tmp_path / "d", [], python=str(fake), log=lambda s: None)
+    assert seen.read_text().split() == ["missing", "cached"] and not m["runs"][0]["fresh_ceilings"]
+    seen.unlink()
+    m = repro.run(2, ["count-block"], tmp_path / "e", [], python=str(fake), log=lambda s: None, fresh_ceilings=True)
+    assert seen.read_text().split() == ["missing", "missing"] and m["runs"][1]["fresh_ceilings"]

@@ -30,3 +30,24 @@ def test_copy_ceiling_and_empty_kernel_floor(gpu_log):
         pytest.skip(f"no datasheet bandwidth for {d.name!r} in moebench.core.device.DATASHEET_DRAM_GBPS")
     lo, hi = DATASHEET_FRACTION
     assert lo * sheet <= c["copy_dram_gbps"] <= hi * sheet
+
+
+def test_a_timed_run_measures_missing_ceilings_in_a_child(gpu_log, tmp_path):
+    """Issue 23: a sweep that measured the ceilings in its own process (two 2 GiB copy buffers) put
+    count cases in another level. With child=True this process must not allocate them: its
+    allocator holds (almost) nothing more afterwards, and the file the child wrote is read."""
+    import torch
+
+    from moebench.core.device import ceilings_path, detect, load_or_measure_ceilings
+
+    d = detect(False)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    notes = []
+    c = load_or_measure_ceilings(d, tmp_path, child=True, note=notes.append)
+    after = torch.cuda.memory_reserved()
+    gpu_log(f"ceilings from a child: DRAM copy {c['copy_dram_gbps']:.0f} GB/s; this process reserved "
+            f"{(after - before) / 2**20:.1f} MiB more")
+    assert not notes, notes
+    assert ceilings_path(tmp_path, d).exists() and c["copy_dram_gbps"] > 0
+    assert after - before < 64 * 2**20  # the 2 x 2 GiB buffers were the child's
