@@ -170,8 +170,11 @@ def _lines(records: list[Record], p: Preset, others: list[str], metric: str,
            notes: list[str]) -> dict[tuple, list[tuple[float, float]]]:
     """Series key (series value, other varying values) -> [(x, y)] sorted by x."""
     out: dict[tuple, list] = {}
-    failed = no_x = 0
+    failed = unavailable = no_x = 0
     for r in records:
+        if r.status == "unavailable":  # its kernel source was not on the machine: nothing went wrong
+            unavailable += 1
+            continue
         if r.status != "ok":
             failed += 1
             continue
@@ -186,6 +189,8 @@ def _lines(records: list[Record], p: Preset, others: list[str], metric: str,
         out.setdefault(key, []).append((xv, y))
     if failed:
         notes.append(f"{failed} failed case(s) not drawn")
+    if unavailable:
+        notes.append(f"{unavailable} unavailable case(s) (their kernel source was not there) not drawn")
     if no_x:
         notes.append(f"{no_x} timed case(s) without a positive {p.x} (a variant that does not read it) not drawn")
     return {k: sorted(out[k]) for k in ordered(out)}

@@ -373,6 +373,11 @@ def test_plot_act_with_and_without_floor(tmp_path):
     drawn = plot_results(no_floor, prov, tmp_path / "b.png")
     _png(tmp_path / "b.png")
     assert any("no × floor" in n for n in drawn.notes)
+    # a case whose kernel source was not there is said apart from a failed one
+    gone, broken = act_rec(1024, 2048, 9.0, 1.55), act_rec(4096, 2048, 9.0, 1.55)
+    gone.status, broken.status = "unavailable", "error"
+    drawn = plot_results(with_floor + [gone, broken], prov, tmp_path / "c.png")
+    assert "1 failed case(s) not drawn" in drawn.notes and any(n.startswith("1 unavailable case(s)") for n in drawn.notes)
     untimed = [act_rec(g, 2048, None, None) for g in grid_us]
     with pytest.raises(UsageError, match="no timings"):
         plot_results(untimed, prov, tmp_path / "x.png")
