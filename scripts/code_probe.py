@@ -28,7 +28,7 @@ def main() -> None:
     import torch
     from triton.runtime.driver import driver
 
-    from moebench.core.timing import capture
+    from probe_replay import replay_median_us
     from moebench.families.count import kernels as K
 
     base = {"buffer_tokens": 16384, "topk": 8, "num_experts": 128, "local_experts": 32, "local_expert_start": 0,
@@ -55,16 +55,8 @@ def main() -> None:
                 mod, func, *_ = driver.active.utils.load_binary(ck.name, ck.kernel, ck.metadata.shared, dev)
                 keep.append(mod)
                 ck.function = func
-            g = capture([fn], a.launches, warmup=3, fresh=False)
-            for _ in range(3):
-                g.replay()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            xs = []
-            for _ in range(a.replays):
-                s.record(); g.replay(); e.record(); e.synchronize()
-                xs.append(s.elapsed_time(e) * 1000 / a.launches)
-            rows.append({"load": j, "us": round(statistics.median(xs), 4), "function": int(ck.function)})
-            del g
+            us = replay_median_us([fn], a.launches, a.replays, warmup=3)
+            rows.append({"load": j, "us": us, "function": int(ck.function)})
         ck.function = original
         us = [r["us"] for r in rows]
         out["cases"][case] = rows

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ def main() -> None:
     import torch
     from triton.runtime.driver import driver
 
-    from moebench.core.timing import capture
+    from probe_replay import replay_median_us
     from moebench.families.count import kernels as K
 
     dev = torch.cuda.current_device()
@@ -52,15 +51,7 @@ def main() -> None:
         return allp
 
     def level(fns):
-        g = capture(fns, 200, warmup=2, fresh=False)
-        for _ in range(3):
-            g.replay()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        xs = []
-        for _ in range(30):
-            s.record(); g.replay(); e.record(); e.synchronize()
-            xs.append(s.elapsed_time(e) * 1000 / 200)
-        return round(statistics.median(xs), 4)
+        return replay_median_us(fns, 200, 30, warmup=2)
 
     for case in a.cases.split(","):
         tokens, block = (int(x) for x in case.split(":"))

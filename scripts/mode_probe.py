@@ -41,7 +41,7 @@ def main() -> None:
     from moebench.core.spec import PACKAGE_ROOT, load_spec
 
     log: list[dict] = []
-    state = {"case": None, "rep": 0, "group": None}
+    state = {"case": None, "rep": 0}
     orig_copy = P.Placements.copy_set
     orig_build = PL.CasePipeline._build_sets
     orig_time = P.Timer.time

@@ -43,7 +43,7 @@ def main() -> None:
 
     import torch
 
-    from moebench.core.timing import capture
+    from probe_replay import replay_median_us
     from moebench.families.count import kernels as K
 
     base = {"buffer_tokens": 16384, "topk": 8, "num_experts": 128, "local_experts": 32, "local_expert_start": 0,
@@ -74,19 +74,8 @@ def main() -> None:
                 fn = K.count_persistent(inp, params, 132, block, 4)
                 fn()
                 torch.cuda.synchronize()
-                g = capture([fn], a.launches, warmup=3, fresh=False)
-                for _ in range(3):
-                    g.replay()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                xs = []
-                for _ in range(a.replays):
-                    s.record()
-                    g.replay()
-                    e.record()
-                    e.synchronize()
-                    xs.append(s.elapsed_time(e) * 1000 / a.launches)
-                del g
-                rows.append({"k": k, "us": round(statistics.median(xs), 4), "counts_ptr": inp.counts.data_ptr(),
+                us = replay_median_us([fn], a.launches, a.replays, warmup=3)
+                rows.append({"k": k, "us": us, "counts_ptr": inp.counts.data_ptr(),
                              "map_ptr": inp.routing_map.data_ptr()})
             us = [r["us"] for r in rows]
             key = f"{tokens}/{block}/{style}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moebench.analysis import metric_of, varying_keys
+from moebench.core.noise import within_part
 from moebench.core.records import Record
 from moebench.errors import UsageError
 
@@ -218,7 +219,7 @@ def within_noise(rec: Record) -> float | None:
     rel = record_noise(rec)
     if rel is None or not states_rerun(rec):
         return rel
-    return math.sqrt(max(0.0, rel * rel - float(t["rerun_rel"]) ** 2))
+    return within_part(rel, None, float(t["rerun_rel"]))
 
 
 def judged_noise(rec: Record) -> float | None:

@@ -11,7 +11,6 @@ from the same memory every time.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,8 +19,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m moebench.core.ceilings_child PATH", file=sys.stderr)
         return 2
-    from moebench.core.device import detect, measure_ceilings
-    from moebench.core.records import atomic_write_text
+    from moebench.core.device import detect, measure_ceilings, write_ceilings
     from moebench.errors import BackendError
 
     try:
@@ -29,10 +27,7 @@ def main(argv: list[str]) -> int:
     except BackendError as e:
         print(str(e), file=sys.stderr)
         return 2
-    c = measure_ceilings(info)
-    path = Path(argv[0])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"device": info.to_dict(), "ceilings": c}, indent=2) + "\n")
+    write_ceilings(Path(argv[0]), info, measure_ceilings(info))
     return 0
 
 

@@ -169,10 +169,10 @@ def detect(interpret: bool) -> DeviceInfo:
         total_mem_bytes=int(p.total_memory), compute_capability=f"{p.major}.{p.minor}",
         driver=nvml_driver(), cuda=torch.version.cuda, torch=torch.__version__,
         triton=triton_version(), python=platform.python_version(),
-        sm_clock_max_mhz=clocks["sm_max_mhz"], mem_clock_max_mhz=clocks["mem_max_mhz"], uuid=_gpu_uuid(p))
+        sm_clock_max_mhz=clocks["sm_max_mhz"], mem_clock_max_mhz=clocks["mem_max_mhz"], uuid=gpu_uuid(p))
 
 
-def _gpu_uuid(props) -> str | None:
+def gpu_uuid(props) -> str | None:
     """NVML's spelling of a device's UUID (GPU-xxxxxxxx-...), from torch's device properties."""
     raw = str(getattr(props, "uuid", "") or "").strip()
     if not raw:
@@ -303,7 +303,13 @@ def load_or_measure_ceilings(info: DeviceInfo, results_root: Path, *, remeasure:
             note(f"device ceilings: measuring them in a child process failed ({why or 'it wrote no ceilings'}); "
                  "measured in this process instead, which can move some count cases by ~9% (results/h200/TIMER.md)")
     c = measure_ceilings(info)
+    write_ceilings(path, info, c)
+    return c
+
+
+def write_ceilings(path: Path, info: DeviceInfo, ceilings: dict[str, Any]) -> None:
+    """The ceilings file (`moebench device`, a timed run, the child that measures for it)."""
     from moebench.core.records import atomic_write_text
 
-    atomic_write_text(path, json.dumps({"device": info.to_dict(), "ceilings": c}, indent=2) + "\n")
-    return c
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"device": info.to_dict(), "ceilings": ceilings}, indent=2) + "\n")

@@ -261,13 +261,21 @@ def pair_term(values: Sequence[float]) -> float:
     return math.ceil((max(values) - min(values)) / min(values) / math.sqrt(2) * 1e5) / 1e5
 
 
+def within_part(rel: float, within: float | None, rerun: float | None) -> float:
+    """The within-run part of a stated half-width `rel`: `within` where recorded, else `rel` less its
+    run-to-run term `rerun` in quadrature (the timer adds them in quadrature)."""
+    if within is not None:
+        return within
+    rerun = rerun or 0.0
+    return math.sqrt(max(0.0, rel * rel - rerun * rerun))
+
+
 def restated(rel: float, within: float | None, rerun: float | None, model: NoiseModel, case_id: str) -> float:
     """A stated relative half-width re-stated with `model`, as the timer states it when the model is
-    in force: the within-run part (derived from `rel` and its run-to-run term `rerun` when not
-    recorded) with max(`rerun`, the model's term for the case) in quadrature."""
+    in force: the within-run part (within_part) with max(`rerun`, the model's term for the case) in
+    quadrature."""
+    within = within_part(rel, within, rerun)
     rerun = rerun or 0.0
-    if within is None:
-        within = math.sqrt(max(0.0, rel * rel - rerun * rerun))
     term, _ = model.term(case_id, rerun)
     return math.hypot(within, term)
 

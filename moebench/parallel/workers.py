@@ -443,13 +443,12 @@ def _nvml_index() -> int | None:
     try:
         import torch
 
-        want = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "").lower().removeprefix("gpu-")
+        want = dev.gpu_uuid(torch.cuda.get_device_properties(0))  # NVML's spelling, GPU-...
         if not want:
             return None
         for i in range(nv.nvmlDeviceGetCount()):
             u = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))
-            u = (u.decode() if isinstance(u, bytes) else str(u)).lower().removeprefix("gpu-")
-            if u == want:
+            if (u.decode() if isinstance(u, bytes) else str(u)).lower() == want.lower():
                 return i
     except Exception:  # noqa: BLE001 - clocks are a diagnostic; a failed lookup must not stop the run
         return None

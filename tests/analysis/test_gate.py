@@ -224,8 +224,8 @@ def test_two_gpus_of_one_model_compare_with_a_note(tmp_path, capsys):
 def test_detect_spells_the_uuid_as_nvml_does():
     from types import SimpleNamespace
 
-    from moebench.core.device import _gpu_uuid
+    from moebench.core.device import gpu_uuid
 
-    assert _gpu_uuid(SimpleNamespace(uuid="82e5abc4-a10c-cb1f")) == "GPU-82e5abc4-a10c-cb1f"
-    assert _gpu_uuid(SimpleNamespace(uuid="MIG-1234")) == "MIG-1234"
-    assert _gpu_uuid(SimpleNamespace()) is None
+    assert gpu_uuid(SimpleNamespace(uuid="82e5abc4-a10c-cb1f")) == "GPU-82e5abc4-a10c-cb1f"
+    assert gpu_uuid(SimpleNamespace(uuid="MIG-1234")) == "MIG-1234"
+    assert gpu_uuid(SimpleNamespace()) is None

@@ -139,15 +139,19 @@ def test_improvement_is_real_but_passes_the_gate(tmp_path, capsys):
     assert _check(capsys, db)[0] == 0
 
 
+def _stating(rel: float):
+    """A make_series edit: every record of every run states `rel` as its half-width."""
+    def edit(doc, run):
+        for r in doc["records"]:
+            r["timing"]["rel_noise"] = rel
+    return edit
+
+
 def test_step_inside_the_stated_intervals_is_noise(tmp_path, capsys):
     """A 0.4% step over 0.01% jitter is a change point to E-divisive, but each run states a 0.6%
     half-width: the step is labelled noise and the gate passes."""
-    def edit(doc, run):
-        for r in doc["records"]:
-            r["timing"]["rel_noise"] = 0.006
-
     db = tmp_path / "h.sqlite"
-    _add(capsys, db, make_series(tmp_path, shift=0.004, noise=0.0001, edit=edit))
+    _add(capsys, db, make_series(tmp_path, shift=0.004, noise=0.0001, edit=_stating(0.006)))
     target = _doc()["records"][TARGET]["case_id"]
     at_target = [c for c in _changes(db) if c.series.case_id == target]
     assert at_target and all(c.label == "noise" for c in at_target)
@@ -363,12 +367,8 @@ def test_a_step_within_the_runs_own_scatter_is_noise():
 def test_min_step_keeps_a_tiny_step_out_of_the_gate(tmp_path, capsys):
     """A 0.5% step over 0.01% jitter, each run stating 0.01%: the intervals separate, but the step is
     below the default --min-step of 1% (noise); with --min-step 0 it is a real regression."""
-    def edit(doc, run):
-        for r in doc["records"]:
-            r["timing"]["rel_noise"] = 0.0001
-
     db = tmp_path / "h.sqlite"
-    _add(capsys, db, make_series(tmp_path, shift=0.005, noise=0.0001, edit=edit))
+    _add(capsys, db, make_series(tmp_path, shift=0.005, noise=0.0001, edit=_stating(0.0001)))
     target = _doc()["records"][TARGET]["case_id"]
     [c] = [c for c in _changes(db) if c.series.case_id == target and c.index == 4]
     assert c.label == "noise" and "below --min-step 1%" in c.why
