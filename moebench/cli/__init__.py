@@ -55,6 +55,12 @@ def entry() -> None:
         main()
     except SystemExit as e:
         code = e.code
+    except KeyboardInterrupt as e:  # one that landed outside main's handlers (between two statements
+        # of main itself): still an interrupt, never a traceback. Python would print one and exit 1 for
+        # a subclass of KeyboardInterrupt (Signalled) that reaches the top.
+        from moebench.startup import exit_now
+
+        exit_now(getattr(e, "signum", 2))
     from moebench.core.tritonpatch import leave
 
     leave(code)
@@ -65,8 +71,8 @@ def main() -> None:
 
     fit_consoles()
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    install_interrupts()
     try:
+        install_interrupts()
         _main()
     except SystemExit as e:
         signum = STATE.get("signalled")
