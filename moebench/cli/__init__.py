@@ -55,9 +55,9 @@ def entry() -> None:
         main()
     except SystemExit as e:
         code = e.code
-    except KeyboardInterrupt as e:  # one that landed outside main's handlers (between two statements
-        # of main itself): still an interrupt, never a traceback. Python would print one and exit 1 for
-        # a subclass of KeyboardInterrupt (Signalled) that reaches the top.
+    except KeyboardInterrupt as e:  # one that escaped main's handlers (seen once, on a loaded machine):
+        # still an interrupt, never a traceback. Python would print one and exit 1 for a subclass of
+        # KeyboardInterrupt (Signalled) that reaches the top.
         from moebench.startup import exit_now
 
         exit_now(getattr(e, "signum", 2))

@@ -110,9 +110,8 @@ def test_a_signal_before_the_run_loop_is_said_and_keeps_its_code(tmp_path, capsy
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_an_interrupt_that_escapes_main_still_exits_128_plus_signal(monkeypatch, sig):
-    # one landing between two statements of main (outside its handlers) reached the top once, on a
-    # loaded CI machine: Python printed a traceback and exited 1 for Signalled, a KeyboardInterrupt
-    # subclass. entry() now leaves as any interrupt does.
+    # one escaped main's handlers once, on a loaded CI machine: Python printed a traceback and exited 1
+    # for Signalled, a KeyboardInterrupt subclass. entry() now leaves as any interrupt does.
     import moebench.cli as cli
     from moebench import startup
     from moebench.cli.common import Signalled
