@@ -9,6 +9,9 @@ model they measure, and how well the stated intervals and the `compare` gate hol
         The noise model of every sweep in DIR... (moebench.core.noise.calibrate): per case the
         half-width a single run must add so that any two of these runs agree within sqrt(ha² + hb²).
         A FILE (a run's results file) takes that run alone, to calibrate on some runs of a folder.
+    python scripts/repro.py holdout DIR|FILE... -o FILE.md
+        Leave one GPU out: per GPU, the model calibrated on the other GPUs' runs, and how many case
+        pairs of its runs with the others' it covers. What the model promises a host it never saw.
     python scripts/repro.py report DIR... [--noise results/h200/noise] -o FILE.md
         Per sweep: the runs (call, host, wall, share of the wall spent replaying, noise model in
         force, calibration or validation run), the per-case spread across all runs against the
@@ -119,6 +122,17 @@ class Run:
     records: list[Record]
     wall_s: float | None
     host: str | None
+    call_gpus: tuple[str, ...] = ()  # the GPUs its folder's repro.json lists (nvidia-smi -L)
+
+    @property
+    def gpu(self) -> str | None:
+        """The GPU the run timed on, short (`GPU-884e02b4`): its provenance's (since b9bb54c), else
+        the one GPU its call listed."""
+        u = (self.prov.get("device") or {}).get("uuid")
+        if not u and len(self.call_gpus) == 1:
+            m = re.search(r"UUID: (GPU-[0-9a-f-]+)", self.call_gpus[0])
+            u = m[1] if m else None
+        return str(u)[:12] if u else None
 
     @property
     def name(self) -> str:
@@ -138,7 +152,11 @@ def load_runs(dirs: list[Path]) -> dict[str, list[Run]]:
     """The runs of every sweep in DIRs, in (DIR, k) order. An entry may also be one run's file
     (DIR/<sweep>-run<k>.json, or any results file of a sweep), to take some runs of a folder."""
     by_sweep: dict[str, list[Run]] = {}
-    for d in dirs:
+    folders = [d.parent if d.is_file() else d for d in dirs]
+    short = [f.name or str(f) for f in folders]
+    for i, d in enumerate(dirs):
+        # a call is named by its folder; folders of one name (call5/fresh, call6/fresh) by parent/name
+        label = short[i] if short.count(short[i]) == 1 else f"{folders[i].parent.name}/{folders[i].name}"
         files = None
         if d.is_file() and d.suffix == ".json":
             d, files = d.parent, [d]
@@ -156,8 +174,8 @@ def load_runs(dirs: list[Path]) -> dict[str, list[Run]]:
             prov, recs = load_results(p)
             sweep = prov.get("sweep") or (m["sweep"] if m else p.stem)
             by_sweep.setdefault(sweep, []).append(
-                Run(p, d.name or str(d), sweep, int(m["k"]) if m else 0, hashlib.sha256(p.read_bytes()).hexdigest(), prov,
-                    recs, walls.get(p.name), man.get("host")))
+                Run(p, label, sweep, int(m["k"]) if m else 0, hashlib.sha256(p.read_bytes()).hexdigest(), prov,
+                    recs, walls.get(p.name), man.get("host"), tuple(man.get("gpus") or ())))
     return by_sweep
 
 
@@ -273,10 +291,13 @@ def case_spreads(runs: list[Run]) -> list[dict]:
 
 
 def between_calls(runs: list[Run]) -> list[dict] | None:
-    """Per case: the mean of each call's runs and the spread between those means, % (None: one call)."""
+    """Per case: the mean of each call's runs and the spread between those means, % (None: one call).
+    A call is a GPU where every run names its GPU (two folders of one device call are one GPU, and
+    the spread that matters is between hosts), else the folder the runs came from."""
     calls: dict[str, list[Run]] = {}
+    by_gpu = all(r.gpu for r in runs)
     for r in runs:
-        calls.setdefault(r.call, []).append(r)
+        calls.setdefault(r.gpu if by_gpu else r.call, []).append(r)
     if len(calls) < 2:
         return None
     rows = []
@@ -306,14 +327,14 @@ def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model
                   compare=compare_exit) -> list[str]:
     out = [f"## {sweep}", ""]
     calib = {c.get("sha256") for c in (model_doc or {}).get("calibrated_on", [])}
-    out += ["| run | call | host | commit | wall s | replay s (share) | noise model in force | role |",
+    out += ["| run | call | GPU (host) | commit | wall s | replay s (share) | noise model in force | role |",
             "|---|---|---|---|---:|---:|---|---|"]
     for r in runs:
         rep = replay_seconds(r.records)
         role = ("calibration (in-sample)" if r.sha256 in calib else "validation") if model_doc else "—"
         wall = "—" if r.wall_s is None else f"{r.wall_s:.1f}"
         share = f" ({100 * rep / r.wall_s:.0f}%)" if r.wall_s else ""
-        out.append(f"| {r.path.name} | {r.call} | {r.host or '—'} | {str(r.prov.get('git_commit'))[:9]} | {wall} | "
+        out.append(f"| {r.path.name} | {r.call} | {r.gpu or r.host or '—'} | {str(r.prov.get('git_commit'))[:9]} | {wall} | "
                    f"{rep:.1f}{share} | {_in_force(r)} | {role} |")
     out.append("")
     rows = case_spreads(runs)
@@ -373,8 +394,13 @@ def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model
     if bc:
         b = [x["between_pct"] for x in bc]
         n_over = sum(v > TARGET_PCT for v in b)
-        out += [f"**Between device calls** ({', '.join(dict.fromkeys(r.call for r in runs))}; hosts "
-                f"{', '.join(sorted({str(r.host) for r in runs}))}): spread of the calls' mean per case max "
+        if all(r.gpu for r in runs):
+            where = (f"**Between GPUs** ({', '.join(dict.fromkeys(str(r.gpu) for r in runs))}; calls "
+                     f"{', '.join(dict.fromkeys(r.call for r in runs))}): spread of the GPUs' mean per case max ")
+        else:
+            where = (f"**Between device calls** ({', '.join(dict.fromkeys(r.call for r in runs))}; hosts "
+                     f"{', '.join(sorted({str(r.host) for r in runs}))}): spread of the calls' mean per case max ")
+        out += [where +
                 f"{max(b):.2f}%, {n_over} of {len(b)} cases over {TARGET_PCT:g}% -> "
                 f"**{'met' if not n_over else 'NOT met'}**.", ""]
     return out
@@ -414,6 +440,47 @@ def report(dirs: list[Path], noise_dir: Path | None = None, *, compare=compare_e
     return "\n".join(out) + "\n"
 
 
+def holdout(dirs: list[Path]) -> str:
+    """Leave one GPU out: per sweep and per GPU (a run's GPU, else its folder), the model calibrated
+    on every other GPU's runs, and how many case pairs of a held-out run with another GPU's run it
+    covers once both are re-stated with it. What a model promises a GPU it has never seen."""
+    out = ["# Leave one GPU out (scripts/repro.py holdout)", "",
+           f"Runs: {', '.join(str(d) for d in dirs)}. Per GPU, the model is calibrated on the runs of every other "
+           "GPU (moebench.core.noise.calibrate); each held-out run is paired with every run of another GPU, both "
+           "re-stated with that model (within-run part, model term in quadrature). The pairs among the held-out "
+           "GPU's own runs are counted apart: no model term is needed there.", ""]
+    for sweep, runs in sorted(load_runs(dirs).items()):
+        groups: dict[str, list[Run]] = {}
+        for r in runs:
+            groups.setdefault(r.gpu or r.call, []).append(r)
+        out += [f"## {sweep}", "", f"{len(runs)} runs on {len(groups)} GPUs.", "",
+                "| held-out GPU | runs | model: runs (GPUs) | pairs with other GPUs covered | its own pairs covered |",
+                "|---|---:|---|---:|---:|"]
+        tot = [0, 0]
+        for g, held in groups.items():
+            rest = [r for r in runs if (r.gpu or r.call) != g]
+            if len(rest) < 2:
+                continue
+            with tempfile.TemporaryDirectory() as td:
+                mp = Path(td) / f"{sweep}.json"
+                mp.write_text(json.dumps(N.calibrate([(str(r.path), r.sha256, r.prov, r.records) for r in rest])))
+                model = N.load(mp)
+            cov = pair_coverage(held + rest, model)
+            names = {r.name for r in held}
+            cross = [x for x in cov["pairs"] if (x["a"] in names) != (x["b"] in names)]
+            own = [x for x in cov["pairs"] if x["a"] in names and x["b"] in names]
+            c, n = sum(x["covered"] for x in cross), sum(x["cases"] for x in cross)
+            oc, on = sum(x["covered"] for x in own), sum(x["cases"] for x in own)
+            tot[0] += c
+            tot[1] += n
+            gpus = len({r.gpu or r.call for r in rest})
+            out.append(f"| {g} | {len(held)} | {len(rest)} ({gpus}) | {c}/{n} ({_share(c / n if n else None)}) | "
+                       + (f"{oc}/{on} |" if on else "— |"))
+        out += ["", f"All held-out pairs: {tot[0]}/{tot[1]} ({_share(tot[0] / tot[1] if tot[1] else None)}; "
+                f"target {100 * COVER_TARGET:.0f}%).", ""]
+    return "\n".join(out) + "\n"
+
+
 # ----------------------------------------------------------------------------------- CLI
 
 
@@ -434,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("calibrate")
     c.add_argument("dirs", nargs="+", type=Path)
     c.add_argument("-o", "--out", type=Path, required=True)
+    h = sub.add_parser("holdout")
+    h.add_argument("dirs", nargs="+", type=Path)
+    h.add_argument("-o", "--out", type=Path, required=True)
     p = sub.add_parser("report")
     p.add_argument("dirs", nargs="+", type=Path)
     p.add_argument("--noise", type=Path)
@@ -451,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             for w in calibrate(a.dirs, a.out):
                 print(f"wrote {w}")
             return 0
-        a.out.write_text(report(a.dirs, a.noise))
+        a.out.write_text(holdout(a.dirs) if a.cmd == "holdout" else report(a.dirs, a.noise))
         print(f"wrote {a.out}")
         return 0
     except MoebenchError as e:

@@ -303,6 +303,9 @@ def load_or_measure_ceilings(info: DeviceInfo, results_root: Path, *, remeasure:
             note(f"device ceilings: measuring them in a child process failed ({why or 'it wrote no ceilings'}); "
                  "measured in this process instead, which can move some count cases by ~9% (results/h200/TIMER.md)")
     c = measure_ceilings(info)
+    # where they were measured travels with them into every record's provenance: a run whose own
+    # process measured them is the one to distrust (results/h200/TIMER.md, "The per-process level")
+    c["measured_in"] = "the timed process (its child failed)" if child else "a process of its own (moebench device)"
     write_ceilings(path, info, c)
     return c
 

@@ -37,13 +37,17 @@ def _base():
     return doc
 
 
-def _write_call(folder: Path, factors: list[dict], wall=12.0, host="h1"):
+def _write_call(folder: Path, factors: list[dict], wall=12.0, host="h1", gpu=None):
     """One device call: a run per entry of `factors` ({case_id: factor on the median}); the first
-    case id of the file is the 'jumpy' one a test perturbs."""
+    case id of the file is the 'jumpy' one a test perturbs. `gpu`: the UUID the runs' provenance names."""
     folder.mkdir(parents=True)
     runs = []
     for k, f in enumerate(factors, 1):
         doc = _base()
+        if gpu:
+            doc["provenance"]["device"]["uuid"] = gpu
+        else:
+            doc["provenance"]["device"].pop("uuid", None)
         for r in doc["records"]:
             r["timing"]["median_us"] = round(r["timing"]["median_us"] * f.get(r["case_id"], 1.0), 4)
         doc["provenance"]["timestamp"] = f"{folder.name} run {k}"  # real runs' files never coincide
@@ -92,6 +96,20 @@ def test_calibrate_writes_the_model_and_report_tells_calibration_from_validation
     assert "**Between device calls** (call1, call2; hosts h1, h2)" in text and "-> **met**" in text
     # wall and replay share (20 records x 0.1 s of 12 s)
     assert f"| 12.0 | {0.1 * n_cases:.1f} ({100 * 0.1 * n_cases / 12:.0f}%) |" in text
+
+
+def test_two_folders_of_one_call_are_one_gpu_and_folders_of_one_name_are_told_apart(tmp_path, repro):
+    j = _jumpy()
+    # call 5 ran a 'fresh' and a 'cached' folder on one GPU, call 6 the same on another GPU 2% slower at j
+    _write_call(tmp_path / "call5" / "fresh", [{}, {}], gpu="GPU-aaaaaaaa-1111")
+    _write_call(tmp_path / "call5" / "cached", [{}, {}], gpu="GPU-aaaaaaaa-1111")
+    _write_call(tmp_path / "call6" / "fresh", [{j: 1.02}, {j: 1.02}], gpu="GPU-bbbbbbbb-2222")
+    _write_call(tmp_path / "call6" / "cached", [{j: 1.02}, {j: 1.02}], gpu="GPU-bbbbbbbb-2222")
+    dirs = [tmp_path / c / a for c in ("call5", "call6") for a in ("fresh", "cached")]
+    text = repro.report(dirs, None, compare=lambda a, b: (0, "no regression"))
+    assert "| count-block-run1.json | call6/cached | GPU-bbbbbbbb |" in text
+    assert ("**Between GPUs** (GPU-aaaaaaaa, GPU-bbbbbbbb; calls call5/fresh, call5/cached, call6/fresh, "
+            "call6/cached): spread of the GPUs' mean per case max 2.00%") in text
 
 
 def test_the_real_compare_gate_between_every_pair_counts_false_alarms(tmp_path, repro):

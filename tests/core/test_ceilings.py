@@ -48,7 +48,8 @@ def test_a_failing_child_is_said_and_the_ceilings_are_measured_here(tmp_path, mo
     c = D.load_or_measure_ceilings(info, tmp_path, child=True, note=notes.append)
     assert c["copy_dram_gbps"] == 1.0 and len(notes) == 1
     assert "CUDA out of memory" in notes[0] and "in this process instead" in notes[0]
-    assert json.loads((tmp_path / "h200" / "device.json").read_text())["ceilings"]["copy_dram_gbps"] == 1.0
+    cached = json.loads((tmp_path / "h200" / "device.json").read_text())["ceilings"]
+    assert cached["copy_dram_gbps"] == 1.0 and cached["measured_in"] == "the timed process (its child failed)"
 
 
 def test_the_child_refuses_without_cuda_in_one_line(tmp_path):
@@ -60,3 +61,16 @@ def test_the_child_refuses_without_cuda_in_one_line(tmp_path):
     why = D.measure_in_child(tmp_path / "h200" / "device.json")
     assert why is not None and why.startswith("exit 2: ") and "CUDA" in why
     assert not (tmp_path / "h200" / "device.json").exists()
+
+
+def test_the_child_writes_the_file_and_says_where_it_measured(tmp_path, monkeypatch):
+    from moebench.core import ceilings_child
+
+    info = _cuda_info()
+    monkeypatch.setattr(D, "detect", lambda interpret: info)
+    monkeypatch.setattr(D, "measure_ceilings", lambda _info: {"version": D.CEILINGS_VERSION, "copy_dram_gbps": 2.0})
+    path = tmp_path / "h200" / "device.json"
+    assert ceilings_child.main([str(path)]) == 0
+    c = D.load_or_measure_ceilings(info, tmp_path, child=True)  # cached now: read, not measured
+    assert c["copy_dram_gbps"] == 2.0 and c["measured_in"] == "a child of the timed run"
+    assert ceilings_child.main([]) == 2

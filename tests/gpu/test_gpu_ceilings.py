@@ -50,4 +50,5 @@ def test_a_timed_run_measures_missing_ceilings_in_a_child(gpu_log, tmp_path):
             f"{(after - before) / 2**20:.1f} MiB more")
     assert not notes, notes
     assert ceilings_path(tmp_path, d).exists() and c["copy_dram_gbps"] > 0
+    assert c["measured_in"] == "a child of the timed run"
     assert after - before < 64 * 2**20  # the 2 x 2 GiB buffers were the child's
