@@ -12,17 +12,19 @@ model they measure, and how well the stated intervals and the `compare` gate hol
     python scripts/repro.py holdout DIR|FILE... -o FILE.md
         Leave one GPU out: per GPU, the model calibrated on the other GPUs' runs, and how many case
         pairs of its runs with the others' it covers. What the model promises a host it never saw.
-    python scripts/repro.py report DIR... [--noise results/h200/noise] -o FILE.md
+    python scripts/repro.py report DIR... [--noise results/h200/noise [--restate]] -o FILE.md
         Per sweep: the runs (call, host, wall, share of the wall spent replaying, noise model in
         force, calibration or validation run), the per-case spread across all runs against the
         targets (every case within 3%, goal 1.5%), the coverage of every run pair by the intervals
         each run stated (and, with --noise, by the intervals re-stated with the model for runs made
-        without it), the verdict of `moebench compare --fail-on-regression` between every pair (the
-        real CLI, in a subprocess), and with DIRs from two device calls the spread between calls.
+        without it; with --restate for every run, also those made with an older model), the verdict
+        of `moebench compare --fail-on-regression` between every pair (the real CLI, in a
+        subprocess), and with runs from two GPUs the spread between the GPUs' means.
 
-Each DIR is one device call. The model is measured on runs; a run it was calibrated on is
-in-sample (its pairs agree nearly by construction): the report marks every run as calibration or
-validation by the sha256 of its file.
+Each DIR is one `run` (a device call may make several; the spread between hosts groups runs by the
+GPU they name). The model is measured on runs; a run it was calibrated on is in-sample (its pairs
+agree nearly by construction): the report marks every run as calibration or validation by the
+sha256 of its file.
 """
 
 from __future__ import annotations
@@ -324,7 +326,7 @@ def _share(x: float | None) -> str:
 
 
 def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model_doc: dict | None, *,
-                  compare=compare_exit) -> list[str]:
+                  compare=compare_exit, restate_all: bool = False) -> list[str]:
     out = [f"## {sweep}", ""]
     calib = {c.get("sha256") for c in (model_doc or {}).get("calibrated_on", [])}
     out += ["| run | call | GPU (host) | commit | wall s | replay s (share) | noise model in force | role |",
@@ -349,11 +351,11 @@ def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model
     out.append(f"**Interval coverage, as each run stated it** ({'; '.join(sorted({_in_force(r) for r in runs}))}): "
                f"{stated['covered']}/{stated['cases']} case pairs ({_share(stated['share'])}; target "
                f"{100 * COVER_TARGET:.0f}%).")
-    restate = model is not None and any(r.model_path is None for r in runs)
+    restate = model is not None and (restate_all or any(r.model_path is None for r in runs))
     again = pair_coverage(runs, model) if restate else None
     if again:
         n_cal = sum(r.sha256 in calib for r in runs)
-        out.append(f"**Re-stated with the model {model.describe()}** (the runs were made without it; within-run "
+        out.append(f"**Re-stated with the model {model.describe()}** (the runs were made without it or with an older one; within-run "
                    f"half-width with the model's term in quadrature): {again['covered']}/{again['cases']} "
                    f"({_share(again['share'])}). {n_cal} of these {len(runs)} runs calibrated the model: their "
                    "pairs agree nearly by construction; only pairs with a validation run test it.")
@@ -409,7 +411,8 @@ def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model
 def _in_force(r: Run) -> str:
     """The run-to-run term a run stated: its model's file, or the default (its records' rerun_rel)."""
     if r.model_path:
-        return f"measured: {r.model_path}"
+        sha = str((r.prov.get("noise_model") or {}).get("sha256") or "")[:12]
+        return f"measured: {r.model_path}" + (f" (sha256 {sha})" if sha else "")
     terms = {x.timing.get("rerun_rel") for x in r.by_case.values()} - {None}
     floor = (r.prov.get("timing") or {}).get("rerun_rel")
     if floor is None and len(terms) == 1:
@@ -421,12 +424,19 @@ def _sha(runs: list[Run], name: str) -> str:
     return next(r.sha256 for r in runs if r.name == name)
 
 
-def report(dirs: list[Path], noise_dir: Path | None = None, *, compare=compare_exit) -> str:
+def report(dirs: list[Path], noise_dir: Path | None = None, *, compare=compare_exit, restate_all: bool = False,
+           made_by: str | None = None) -> str:
+    """The report of every sweep in DIRs. `restate_all`: re-state every run with the model of
+    `noise_dir`, also runs made with an older model (to validate a re-calibrated one). `made_by`:
+    the command line and commit, for the header."""
     by_sweep = load_runs(dirs)
-    out = ["# Reproducibility across fresh processes (scripts/repro.py report)", "",
-           f"Runs: {', '.join(str(d) for d in dirs)} (each folder one device call). Targets (issue 23): every case "
-           f"within {TARGET_PCT:g}% across runs (goal {GOAL_PCT:g}%), at least {100 * COVER_TARGET:.0f}% of run pairs "
-           "inside their stated intervals, 0 false alarms of `compare --fail-on-regression`.", ""]
+    out = ["# Reproducibility across fresh processes (scripts/repro.py report)", ""]
+    if made_by:
+        out += [f"Made by {made_by}.", ""]
+    out += [f"Runs: {', '.join(str(d) for d in dirs)} (each folder one `repro.py run`; the folders of one device "
+            f"call share its GPU). Targets (issue 23): every case within {TARGET_PCT:g}% across runs (goal "
+            f"{GOAL_PCT:g}%), at least {100 * COVER_TARGET:.0f}% of run pairs inside their stated intervals, 0 false "
+            "alarms of `compare --fail-on-regression`.", ""]
     if noise_dir is not None:
         out += [f"Noise models from {noise_dir}.", ""]
     for sweep, runs in sorted(by_sweep.items()):
@@ -436,19 +446,19 @@ def report(dirs: list[Path], noise_dir: Path | None = None, *, compare=compare_e
             model, doc = N.load(p), json.loads(p.read_text())
             names = ", ".join(Path(c["file"]).name for c in doc.get("calibrated_on", []))
             out += [f"Model for {sweep}: {model.describe()}, calibrated on {names}.", ""]
-        out += sweep_section(sweep, runs, model, doc, compare=compare)
+        out += sweep_section(sweep, runs, model, doc, compare=compare, restate_all=restate_all)
     return "\n".join(out) + "\n"
 
 
-def holdout(dirs: list[Path]) -> str:
+def holdout(dirs: list[Path], *, made_by: str | None = None) -> str:
     """Leave one GPU out: per sweep and per GPU (a run's GPU, else its folder), the model calibrated
     on every other GPU's runs, and how many case pairs of a held-out run with another GPU's run it
     covers once both are re-stated with it. What a model promises a GPU it has never seen."""
-    out = ["# Leave one GPU out (scripts/repro.py holdout)", "",
-           f"Runs: {', '.join(str(d) for d in dirs)}. Per GPU, the model is calibrated on the runs of every other "
-           "GPU (moebench.core.noise.calibrate); each held-out run is paired with every run of another GPU, both "
-           "re-stated with that model (within-run part, model term in quadrature). The pairs among the held-out "
-           "GPU's own runs are counted apart: no model term is needed there.", ""]
+    out = ["# Leave one GPU out (scripts/repro.py holdout)", ""] + ([f"Made by {made_by}.", ""] if made_by else [])
+    out += [f"Runs: {', '.join(str(d) for d in dirs)}. Per GPU, the model is calibrated on the runs of every other "
+            "GPU (moebench.core.noise.calibrate); each held-out run is paired with every run of another GPU, both "
+            "re-stated with that model (within-run part, model term in quadrature). The pairs among the held-out "
+            "GPU's own runs are counted apart: no model term is needed there.", ""]
     for sweep, runs in sorted(load_runs(dirs).items()):
         groups: dict[str, list[Run]] = {}
         for r in runs:
@@ -507,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report")
     p.add_argument("dirs", nargs="+", type=Path)
     p.add_argument("--noise", type=Path)
+    p.add_argument("--restate", action="store_true", help="re-state every run with the --noise model, also runs "
+                   "made with an older model")
     p.add_argument("-o", "--out", type=Path, required=True)
     a = ap.parse_args(argv)
     from moebench.errors import MoebenchError
@@ -521,7 +533,13 @@ def main(argv: list[str] | None = None) -> int:
             for w in calibrate(a.dirs, a.out):
                 print(f"wrote {w}")
             return 0
-        a.out.write_text(holdout(a.dirs) if a.cmd == "holdout" else report(a.dirs, a.noise))
+        if a.cmd == "report" and a.restate and a.noise is None:
+            raise SystemExit("--restate: needs --noise DIR (the model to re-state the runs with)")
+        from moebench.core.records import git_commit
+
+        made_by = f"`python3 scripts/repro.py {' '.join(argv)}` at commit {str(git_commit(ROOT))[:12]}"
+        a.out.write_text(holdout(a.dirs, made_by=made_by) if a.cmd == "holdout"
+                         else report(a.dirs, a.noise, restate_all=a.restate, made_by=made_by))
         print(f"wrote {a.out}")
         return 0
     except MoebenchError as e:

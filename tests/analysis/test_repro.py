@@ -112,6 +112,22 @@ def test_two_folders_of_one_call_are_one_gpu_and_folders_of_one_name_are_told_ap
             "call6/cached): spread of the GPUs' mean per case max 2.00%") in text
 
 
+def test_holdout_says_what_a_model_of_the_other_gpus_covers(tmp_path, repro):
+    j = _jumpy()
+    n = len(_base()["records"])
+    # GPUs a and b agree everywhere; GPU c reads the jumpy case 10% slower, every time
+    _write_call(tmp_path / "a", [{}, {}], gpu="GPU-aaaaaaaa-1")
+    _write_call(tmp_path / "b", [{}, {}], gpu="GPU-bbbbbbbb-2")
+    _write_call(tmp_path / "c", [{j: 1.10}, {j: 1.10}], gpu="GPU-cccccccc-3")
+    text = repro.holdout([tmp_path / "a", tmp_path / "b", tmp_path / "c"], made_by="`a test`")
+    assert "Made by `a test`." in text and "6 runs on 3 GPUs." in text
+    # c held out: a model of a and b (the 0.5% floor) misses c's level in its 8 pairs with them
+    assert f"| GPU-cccccccc | 2 | 4 (2) | {8 * (n - 1)}/{8 * n} (" in text
+    # a held out: the model of b and c carries c's 10% as a term, and covers a against both
+    assert f"| GPU-aaaaaaaa | 2 | 4 (2) | {8 * n}/{8 * n} (100.0%) | {n}/{n} |" in text
+    assert f"All held-out pairs: {24 * n - 8}/{24 * n} (" in text
+
+
 def test_the_real_compare_gate_between_every_pair_counts_false_alarms(tmp_path, repro):
     j = _jumpy()
     _write_call(tmp_path / "c", [{}, {j: 1.10}, {}])
