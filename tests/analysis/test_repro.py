@@ -57,6 +57,28 @@ def _write_call(folder: Path, factors: list[dict], wall=12.0, host="h1", gpu=Non
     (folder / "repro.json").write_text(json.dumps({"host": host, "gpus": [], "runs": runs}))
 
 
+def _compare_in_process(a, b):
+    """`moebench compare A B --fail-on-regression` through the CLI's own main() in this process: the
+    same verdicts as repro.compare_exit's subprocess (whose own test is below), without 20 starts."""
+    import contextlib
+    import io
+
+    from moebench.cli import main
+
+    argv, sys.argv = sys.argv, ["moebench", "compare", str(a), str(b), "--fail-on-regression"]
+    text = io.StringIO()
+    code = 0
+    try:
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.argv = argv
+    lines = [x for x in text.getvalue().splitlines() if x.strip()]
+    return code, next((x for x in reversed(lines) if "fail-on-regression" in x), lines[-1] if lines else "")
+
+
 def _jumpy():
     return json.loads(SRC.read_text())["records"][0]["case_id"]
 
@@ -76,7 +98,7 @@ def test_calibrate_writes_the_model_and_report_tells_calibration_from_validation
     assert others and all(x == 0.005 for x in others)  # identical medians: the floor
     N.load(model_path)  # the file reads back as a model
 
-    text = repro.report([tmp_path / "call1", tmp_path / "call2"], tmp_path / "noise")
+    text = repro.report([tmp_path / "call1", tmp_path / "call2"], tmp_path / "noise", compare=_compare_in_process)
     # 5 runs, 10 pairs: the jumpy case disagrees in the 6 pairs of a 1.00 run with a 1.10 run
     n_cases = len(base)
     assert f"{10 * n_cases - 6}/{10 * n_cases} case pairs" in text
@@ -84,7 +106,7 @@ def test_calibrate_writes_the_model_and_report_tells_calibration_from_validation
     assert f"{10 * n_cases}/{10 * n_cases} (100.0%)" in text
     assert text.count("calibration (in-sample)") == 3 and text.count("| validation |") == 2
     assert "3 of these 5 runs calibrated the model" in text
-    # the real `compare --fail-on-regression`: 3 of the 10 pairs go 1.00 -> 1.10 at ±0.5% (SLOWER, false
+    # `compare --fail-on-regression` (the CLI's main, in this process): 3 of the 10 pairs go 1.00 -> 1.10 at ±0.5% (SLOWER, false
     # alarms); with the model's term none is called SLOWER
     assert "files as written**: 7 of 10 exit 0; 3 false alarms" in text
     # ... and the gate passes every pair: the jumpy case's difference is inside its measured ±10%
