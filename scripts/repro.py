@@ -336,8 +336,8 @@ def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model
         role = ("calibration (in-sample)" if r.sha256 in calib else "validation") if model_doc else "—"
         wall = "—" if r.wall_s is None else f"{r.wall_s:.1f}"
         share = f" ({100 * rep / r.wall_s:.0f}%)" if r.wall_s else ""
-        out.append(f"| {r.path.name} | {r.call} | {r.gpu or r.host or '—'} | {str(r.prov.get('git_commit'))[:9]} | {wall} | "
-                   f"{rep:.1f}{share} | {_in_force(r)} | {role} |")
+        out.append(f"| {r.path.name} | {r.call} | {r.gpu or r.host or '—'} | {str(r.prov.get('git_commit'))[:9]} | "
+                   f"{wall} | {rep:.1f}{share} | {_in_force(r)} | {role} |")
     out.append("")
     rows = case_spreads(runs)
     if not rows:
@@ -355,8 +355,8 @@ def sweep_section(sweep: str, runs: list[Run], model: N.NoiseModel | None, model
     again = pair_coverage(runs, model) if restate else None
     if again:
         n_cal = sum(r.sha256 in calib for r in runs)
-        out.append(f"**Re-stated with the model {model.describe()}** (the runs were made without it or with an older one; within-run "
-                   f"half-width with the model's term in quadrature): {again['covered']}/{again['cases']} "
+        out.append(f"**Re-stated with the model {model.describe()}** (the runs were made without it or with an "
+                   f"older one; within-run half-width with the model's term in quadrature): {again['covered']}/{again['cases']} "
                    f"({_share(again['share'])}). {n_cal} of these {len(runs)} runs calibrated the model: their "
                    "pairs agree nearly by construction; only pairs with a validation run test it.")
         val = [p for p in again["pairs"] if not (_sha(runs, p["a"]) in calib and _sha(runs, p["b"]) in calib)]
