@@ -106,8 +106,8 @@ def test_calibrate_writes_the_model_and_report_tells_calibration_from_validation
     assert f"{10 * n_cases}/{10 * n_cases} (100.0%)" in text
     assert text.count("calibration (in-sample)") == 3 and text.count("| validation |") == 2
     assert "3 of these 5 runs calibrated the model" in text
-    # `compare --fail-on-regression` (the CLI's main, in this process): 3 of the 10 pairs go 1.00 -> 1.10 at ±0.5% (SLOWER, false
-    # alarms); with the model's term none is called SLOWER
+    # `compare --fail-on-regression` (the CLI's main, in this process): 3 of the 10 pairs go
+    # 1.00 -> 1.10 at ±0.5% (SLOWER, false alarms); with the model's term none is called SLOWER
     assert "files as written**: 7 of 10 exit 0; 3 false alarms" in text
     # ... and the gate passes every pair: the jumpy case's difference is inside its measured ±10%
     # run-to-run term, which cannot resolve 5%, so it is NOISY (named, not vouched for), never SLOWER
