@@ -189,12 +189,17 @@ def _k(p: Path) -> int:
 # ----------------------------------------------------------------------------------- calibrate
 
 
+def _calibration(runs: list[Run]) -> dict:
+    """The noise model document of these runs (moebench.core.noise.calibrate)."""
+    return N.calibrate([(str(r.path), r.sha256, r.prov, r.records) for r in runs])
+
+
 def calibrate(dirs: list[Path], out: Path) -> list[Path]:
     """Write OUT/<sweep>.json, the noise model of every sweep found in DIRs."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for sweep, runs in sorted(load_runs(dirs).items()):
-        doc = N.calibrate([(str(r.path), r.sha256, r.prov, r.records) for r in runs])
+        doc = _calibration(runs)
         dest = out / f"{sweep}.json"
         dest.write_text(json.dumps(doc, indent=1) + "\n")
         written.append(dest)
@@ -248,9 +253,15 @@ def compare_exit(a: Path, b: Path, *, python: str = sys.executable) -> tuple[int
     """`moebench compare A B --fail-on-regression` (the real CLI): exit code and its last line."""
     p = subprocess.run([python, "-m", "moebench", "compare", str(a), str(b), "--fail-on-regression"],
                        cwd=ROOT, capture_output=True, text=True)
-    lines = [x for x in (p.stderr + "\n" + p.stdout).splitlines() if x.strip()]
+    return p.returncode, gate_line(p.stderr + "\n" + p.stdout)
+
+
+def gate_line(output: str) -> str:
+    """What `compare --fail-on-regression` said of its verdict: its last line naming the gate, else
+    its last line."""
+    lines = [x for x in output.splitlines() if x.strip()]
     why = next((x for x in reversed(lines) if "fail-on-regression" in x), lines[-1] if lines else "")
-    return p.returncode, why.strip()[:200]
+    return why.strip()[:200]
 
 
 def verdicts(runs: list[Run], model: N.NoiseModel | None = None, *, compare=compare_exit) -> list[dict]:
@@ -471,10 +482,9 @@ def holdout(dirs: list[Path], *, made_by: str | None = None) -> str:
             rest = [r for r in runs if (r.gpu or r.call) != g]
             if len(rest) < 2:
                 continue
-            with tempfile.TemporaryDirectory() as td:
-                mp = Path(td) / f"{sweep}.json"
-                mp.write_text(json.dumps(N.calibrate([(str(r.path), r.sha256, r.prov, r.records) for r in rest])))
-                model = N.load(mp)
+            doc = _calibration(rest)
+            model = N.NoiseModel(f"(the runs of every GPU but {g})", "", doc["device"], doc["runs"], doc["commit"],
+                                 doc["sweep"], {c: v["rerun_rel"] for c, v in doc["cases"].items()})
             cov = pair_coverage(held + rest, model)
             names = {r.name for r in held}
             cross = [x for x in cov["pairs"] if (x["a"] in names) != (x["b"] in names)]

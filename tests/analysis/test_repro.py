@@ -57,7 +57,7 @@ def _write_call(folder: Path, factors: list[dict], wall=12.0, host="h1", gpu=Non
     (folder / "repro.json").write_text(json.dumps({"host": host, "gpus": [], "runs": runs}))
 
 
-def _compare_in_process(a, b):
+def _compare_in_process(a, b, gate_line):
     """`moebench compare A B --fail-on-regression` through the CLI's own main() in this process: the
     same verdicts as repro.compare_exit's subprocess (whose own test is below), without 20 starts."""
     import contextlib
@@ -75,8 +75,7 @@ def _compare_in_process(a, b):
         code = e.code if isinstance(e.code, int) else 1
     finally:
         sys.argv = argv
-    lines = [x for x in text.getvalue().splitlines() if x.strip()]
-    return code, next((x for x in reversed(lines) if "fail-on-regression" in x), lines[-1] if lines else "")
+    return code, gate_line(text.getvalue())
 
 
 def _jumpy():
@@ -98,7 +97,8 @@ def test_calibrate_writes_the_model_and_report_tells_calibration_from_validation
     assert others and all(x == 0.005 for x in others)  # identical medians: the floor
     N.load(model_path)  # the file reads back as a model
 
-    text = repro.report([tmp_path / "call1", tmp_path / "call2"], tmp_path / "noise", compare=_compare_in_process)
+    text = repro.report([tmp_path / "call1", tmp_path / "call2"], tmp_path / "noise",
+                        compare=lambda a, b: _compare_in_process(a, b, repro.gate_line))
     # 5 runs, 10 pairs: the jumpy case disagrees in the 6 pairs of a 1.00 run with a 1.10 run
     n_cases = len(base)
     assert f"{10 * n_cases - 6}/{10 * n_cases} case pairs" in text

@@ -413,7 +413,7 @@ class _Step:
         y = self.gemm(inp.act_out, inp.fc2[layer].transpose(1, 2), inp.ends)
         combine(inp, y, layer, self.g)
 
-    def geometry(self) -> tuple[dict, dict, tuple]:
+    def geometry(self) -> tuple[dict, dict]:
         """(geometry, launch_from) of the whole step, for the record."""
         count = self.counters[0]
         geo = {"count_variant": self.params["count_variant"], "act_variant": self.params["act_variant"],
