@@ -14,13 +14,17 @@ import statistics
 from functools import lru_cache
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("timing", "work", "checks", "cross", "launch", "params")
 
 
 @lru_cache(maxsize=None)
 def load(path: str):
-    """A JSON file (results, noise model, probe), parsed once per test session."""
+    """A JSON (results, noise model, probe) or YAML file (a seed's published figures), parsed once."""
+    if path.endswith((".yaml", ".yml")):
+        return yaml.safe_load((ROOT / path).read_text())
     return json.loads((ROOT / path).read_text())
 
 
@@ -142,6 +146,31 @@ def md(file: str, pattern: str, group: int = 1) -> float:
     return float(m.group(group).replace(",", ""))
 
 
+def vals(file: str, metric: str = "median_us", variant: str | None = None, label: str | None = None, **sel) -> list:
+    """`metric` of every matching record of one file that has it."""
+    out = []
+    for r in records(file, variant, label, **sel):
+        try:
+            v = _value(r, metric)
+        except (KeyError, TypeError):
+            continue
+        if v is not None:
+            out.append(v)
+    return out
+
+
+def ratios(file: str, num: dict, den: dict, on: tuple[str, ...], metric: str = "median_us") -> list[float]:
+    """num / den of `metric` for every pair of records that agree on the parameters `on`; `num` and
+    `den` select the two sides (`{"variant": "nonpersistent"}`)."""
+    out = []
+    for a in records(file, **num):
+        key = {k: a["params"][k] for k in on}
+        b = records(file, **den, **key)
+        if len(b) == 1 and _value(a, metric) is not None and _value(b[0], metric) is not None:
+            out.append(_value(a, metric) / _value(b[0], metric))
+    return out
+
+
 def regret(file: str, over: str = "tokens", metric: str = "median_us", variant: str | None = None,
            label: str | None = None, **choice) -> float:
     """The worst regret (time / per-shape best - 1) of one configuration across the shapes `over`
@@ -169,6 +198,6 @@ def count(xs) -> int:
     return len(list(xs))
 
 
-NAMES = {f.__name__: f for f in (cell, field, records, runs, values, spread, spreads, max_spread, md, regret, median,
-                                              count)}
+NAMES = {f.__name__: f for f in (cell, field, records, runs, values, vals, ratios, spread, spreads, max_spread, md,
+                                              regret, median, count)}
 NAMES.update(min=min, max=max, sum=sum, len=len, abs=abs, sorted=sorted)

@@ -37,7 +37,9 @@ FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 GENERATED = re.compile(r"<!-- generated: (\S+) table (\d+) -->\n(.*?)<!-- end generated -->", re.S)
 NUM = r"[-−+]?\d[\d,]*(?:\.\d+)?"
 UNIT = r"(?:\s?(?:µs|us|ns|ms|s|GB/s|TB/s)\b|×|%)"
-TAG = re.compile(rf"(?P<sign>±)?(?P<num>{NUM})(?P<unit>{UNIT})?\**<!--fig\s+(?P<pct>pct:)?(?P<expr>.*?)-->", re.S)
+# a sign right after a digit or a tag is a range's dash (`3.4×<!--fig ...-->-24.1×`), not a minus
+TAG = re.compile(rf"(?P<sign>±)?(?P<num>(?:(?<![\w>.])[-−+])?\d[\d,]*(?:\.\d+)?)(?P<unit>{UNIT})?\**"
+                 r"<!--fig\s+(?P<pct>pct:)?(?P<expr>.*?)-->", re.S)
 ALIASES = re.compile(r"<!--figs\s+(.*?)-->", re.S)
 EXEMPT = re.compile(rf"{NUM}{UNIT}?\**<!--not-measured-->")
 UNTAGGED = re.compile(rf"(?<![\w./]){NUM}{UNIT}")
@@ -77,7 +79,7 @@ def _aliases(text: str) -> dict[str, str]:
 
 
 def _files_named(expr: str, aliases: dict[str, str]) -> list[str]:
-    files = re.findall(r'"([^"]+\.(?:json|md))"', expr)
+    files = re.findall(r'"([^"]+\.(?:json|md|yaml|txt))"', expr)
     files += [p for a, p in aliases.items() if re.search(rf"\b{a}\b", expr)]
     return files
 
