@@ -9,6 +9,7 @@ names several files. Every helper reads committed files only.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from functools import lru_cache
@@ -137,10 +138,35 @@ def max_spread(files, metric: str = "median_us") -> float:
     return max(spreads(files, metric).values())
 
 
+def coverage(files) -> float:
+    """The share of case pairs (two runs, one case timed in both) that agree within the intervals
+    the runs state: |a - b| <= sqrt(ha² + hb²), h = median x rel_noise."""
+    fs = _files(files)
+    by = [{r["case_id"]: r["timing"] for r in records(f) if r.get("status") == "ok"
+           and (r.get("timing") or {}).get("median_us") is not None} for f in fs]
+    ok = n = 0
+    for i in range(len(by)):
+        for j in range(i + 1, len(by)):
+            for c in by[i].keys() & by[j].keys():
+                a, b = by[i][c], by[j][c]
+                n += 1
+                ok += abs(a["median_us"] - b["median_us"]) <= math.hypot(
+                    a["median_us"] * a.get("rel_noise", 0.0), b["median_us"] * b.get("rel_noise", 0.0))
+    return ok / n
+
+
+def term(model: str, **params) -> float:
+    """A noise model's run-to-run term (`rerun_rel`) for the case with these parameters."""
+    hits = [c for c in load(model)["cases"].values() if all(c["params"].get(k) == v for k, v in params.items())]
+    if len(hits) != 1:
+        raise LookupError(f"{model}: {len(hits)} cases match {params}")
+    return hits[0]["rerun_rel"]
+
+
 def md(file: str, pattern: str, group: int = 1) -> float:
     """A number in a generated page (one without a JSON of its own, e.g. scripts/repro.py's
     reports): the regex's group, thousands separators dropped."""
-    m = re.search(pattern, text(file), re.M)
+    m = re.search(pattern, text(file), re.M | re.S)
     if not m:
         raise LookupError(f"{file}: no match for {pattern!r}")
     return float(m.group(group).replace(",", ""))
@@ -190,6 +216,44 @@ def regret(file: str, over: str = "tokens", metric: str = "median_us", variant: 
     return worst
 
 
+def gpu(file: str) -> str | None:
+    """The GPU a run timed on, as `GPU-82e5abc4`: its provenance's UUID, else the one GPU its
+    folder's repro.json lists (scripts/repro.py run)."""
+    u = ((load(file).get("provenance") or {}).get("device") or {}).get("uuid")
+    man = ROOT / Path(file).parent / "repro.json"
+    if not u and man.exists():
+        listed = load(man.relative_to(ROOT).as_posix()).get("gpus") or []
+        m = re.search(r"UUID: (GPU-[0-9a-f-]+)", listed[0]) if len(listed) == 1 else None
+        u = m and m.group(1)
+    return u[:12] if u else None
+
+
+def made_from(page: str, sweep: str) -> list[str]:
+    """The run files a generated page was made from, read from its `Made by` command line (a
+    folder stands for its `SWEEP-run*.json`), those of one sweep."""
+    cmd = re.search(r"Made by `([^`]+)`", text(page)).group(1).split()
+    out = []
+    for arg in cmd:
+        if not arg.startswith("results/"):
+            continue
+        p = ROOT / arg
+        if p.is_dir():
+            out += [q.relative_to(ROOT).as_posix() for q in sorted(p.glob(f"{sweep}-run*.json"))]
+        elif p.suffix == ".json" and load(arg)["provenance"].get("sweep") == sweep:
+            out.append(arg)
+    return out
+
+
+def on_gpu(files, prefix: str) -> list[str]:
+    """The files of runs timed on the GPU whose UUID starts with `prefix`."""
+    return [f for f in _files(files) if (gpu(f) or "").startswith(prefix)]
+
+
+def gpus(files) -> int:
+    """How many GPUs the runs were timed on."""
+    return len({gpu(f) for f in _files(files)})
+
+
 def median(xs) -> float:
     return statistics.median(list(xs))
 
@@ -199,5 +263,5 @@ def count(xs) -> int:
 
 
 NAMES = {f.__name__: f for f in (cell, field, records, runs, values, vals, ratios, spread, spreads, max_spread, md,
-                                              regret, median, count)}
+                                              regret, gpu, made_from, on_gpu, gpus, coverage, term, median, count)}
 NAMES.update(min=min, max=max, sum=sum, len=len, abs=abs, sorted=sorted)

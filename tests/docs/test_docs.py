@@ -35,15 +35,15 @@ IDS = [p.relative_to(ROOT).as_posix() for p in PROSE]
 
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 GENERATED = re.compile(r"<!-- generated: (\S+) table (\d+) -->\n(.*?)<!-- end generated -->", re.S)
-NUM = r"[-−+]?\d[\d,]*(?:\.\d+)?"
+NUM = r"[-−+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # 4,176 has a thousands separator, "6, µs" not
 UNIT = r"(?:\s?(?:µs|us|ns|ms|s|GB/s|TB/s)\b|×|%)"
 # a sign right after a digit or a tag is a range's dash (`3.4×<!--fig ...-->-24.1×`), not a minus
-TAG = re.compile(rf"(?P<sign>±)?(?P<num>(?:(?<![\w>.])[-−+])?\d[\d,]*(?:\.\d+)?)(?P<unit>{UNIT})?\**"
+TAG = re.compile(rf"(?P<sign>±)?(?P<num>(?:(?<![\w>.])[-−+])?(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?)(?P<unit>{UNIT})?\**"
                  r"<!--fig\s+(?P<pct>pct:)?(?P<expr>.*?)-->", re.S)
 ALIASES = re.compile(r"<!--figs\s+(.*?)-->", re.S)
 EXEMPT = re.compile(rf"{NUM}{UNIT}?\**<!--not-measured-->")
 UNTAGGED = re.compile(rf"(?<![\w./]){NUM}{UNIT}")
-RANGE = re.compile(rf"(?<![\w./]){NUM}(?=\s?[-–]\s?\d[\d,.]*{UNIT})")  # the untagged first end of a range
+RANGE = re.compile(rf"(?<![\w./]){NUM}(?=\s?[-–]\s?{NUM}{UNIT})")  # the untagged first end of a range
 SPAN = re.compile(r"``.*?``|`[^`\n]*`", re.S)
 MOEBENCH = re.compile(r"^python3 -m moebench\b(.*)$")
 BARE = re.compile(r"(?<!-m )(?<![\w./-])moebench (?:sweep|verify|validate|list|show|render|device|ab|compare|"
@@ -71,16 +71,26 @@ def _paragraphs(text: str) -> list[str]:
 # ----------------------------------------------------------------------------------- figures
 
 
-def _aliases(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _aliases(text: str) -> dict:
+    """The names `<!--figs NAME=EXPR ...-->` define (UPPERCASE, each EXPR over figures.py and the
+    names before it): a file, or a list of run files."""
+    env = dict(figures.NAMES)
+    out: dict = {}
     for m in ALIASES.finditer(text):
-        out.update(dict(re.findall(r'(\w+)="([^"]+)"', m.group(1))))
+        for part in re.split(r"[;\s]*(?=\b[A-Z][A-Z0-9_]*\s*=[^=])", m.group(1).strip()):
+            if part.strip():
+                name, expr = part.split("=", 1)
+                out[name.strip()] = env[name.strip()] = eval(expr, {"__builtins__": {}, **env})  # noqa: S307
     return out
 
 
-def _files_named(expr: str, aliases: dict[str, str]) -> list[str]:
+def _files_named(expr: str, aliases: dict) -> list[str]:
+    """The files an expression reads: its path literals and the aliases it uses (a list of runs
+    stands for the folder that holds them all)."""
     files = re.findall(r'"([^"]+\.(?:json|md|yaml|txt))"', expr)
-    files += [p for a, p in aliases.items() if re.search(rf"\b{a}\b", expr)]
+    for a, v in aliases.items():
+        if re.search(rf"\b{a}\b", expr):
+            files += [v] if isinstance(v, str) else [os.path.commonpath(list(v)) + "/*"]
     return files
 
 
@@ -88,14 +98,11 @@ def _visible(path: str, para: str) -> bool:
     """The paragraph names the file: its name (any extension), its folder, or the path itself."""
     seen = re.sub(r"<!--.*?-->", "", para, flags=re.S)
     p = Path(path)
-    names = [path] if "*" not in path else []
     if "*" not in p.name:
-        names.append(p.stem + ".")
-    parent = p.parent
-    while "*" in parent.name:
-        parent = parent.parent
-    names.append(parent.name + "/")
-    return any(n in seen for n in names)
+        return any(n in seen for n in (path, p.stem + "."))
+    # runs in a folder: the paragraph names one of the folders above them (`repro/call5/`)
+    folders = [q.name for q in p.parents if q.name and "*" not in q.name and q.name != "results"]
+    return any(f + "/" in seen for f in folders)
 
 
 def _check_tags(path: Path) -> list[str]:
@@ -121,8 +128,8 @@ def _check_tags(path: Path) -> list[str]:
                 got = abs(got)
             if abs(got - float(printed)) > 0.5 * 10 ** -decimals + 1e-9:
                 problems.append(f"{where}: the file says {got:.{decimals + 2}f}")
-            # a table names its file in the table or in the paragraph just before it
-            ctx = para + ("\n" + paras[i - 1] if para.lstrip().startswith("|") and i else "")
+            # a table or a list names its file in itself or in the paragraph just before it
+            ctx = para + ("\n" + paras[i - 1] if para.lstrip().startswith(("|", "- ")) and i else "")
             for f in _files_named(expr, aliases):
                 if not _visible(f, ctx):
                     problems.append(f"{where}: the paragraph does not name {f}")
