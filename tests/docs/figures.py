@@ -197,6 +197,13 @@ def ratios(file: str, num: dict, den: dict, on: tuple[str, ...], metric: str = "
     return out
 
 
+def deltas(base: str, new: str, metric: str = "median_us") -> list[float]:
+    """|new / base - 1| of `metric` for every case id timed in both files."""
+    a = {r["case_id"]: _value(r, metric) for r in records(base) if r.get("status") == "ok"}
+    b = {r["case_id"]: _value(r, metric) for r in records(new) if r.get("status") == "ok"}
+    return [abs(b[c] / a[c] - 1) for c in a.keys() & b.keys() if a[c] is not None and b[c] is not None]
+
+
 def regret(file: str, over: str = "tokens", metric: str = "median_us", variant: str | None = None,
            label: str | None = None, **choice) -> float:
     """The worst regret (time / per-shape best - 1) of one configuration across the shapes `over`
@@ -262,6 +269,7 @@ def count(xs) -> int:
     return len(list(xs))
 
 
-NAMES = {f.__name__: f for f in (cell, field, records, runs, values, vals, ratios, spread, spreads, max_spread, md,
-                                              regret, gpu, made_from, on_gpu, gpus, coverage, term, median, count)}
+NAMES = {f.__name__: f for f in (cell, field, records, runs, values, vals, ratios, deltas, spread, spreads,
+                                  max_spread, md, regret, gpu, made_from, on_gpu, gpus, coverage, term, median,
+                                  count)}
 NAMES.update(min=min, max=max, sum=sum, len=len, abs=abs, sorted=sorted)
