@@ -352,3 +352,37 @@ def test_spec_blocks_validate_and_the_named_files_run_as_written(path, tmp_path)
                 assert r.returncode == 0, f"{path.name}: `{line}` exited {r.returncode}:\n{r.stdout}{r.stderr}"
                 ran += 1
     assert ran or not any(n.endswith(".py") for n in files), f"{path.name}: no bash line runs its plugin"
+
+
+# ----------------------------------------------------------------------------------- what the pages list
+
+
+def test_the_readme_lists_every_command():
+    """The command table names every command and sub-command `--help` lists, and nothing else."""
+    listed = set()
+    for line in (ROOT / "README.md").read_text().splitlines():
+        m = re.match(r"\| `([a-z]+)(?: ([a-z]+))?\b[^`]*` \|", line)
+        if m:
+            listed.add(" ".join(x for x in m.groups() if x))
+    cli = _click()
+    want = {f"{n} {s}" if hasattr(c, "commands") else n
+            for n, c in cli.commands.items() for s in (getattr(c, "commands", None) or [None])}
+    assert listed == want, f"missing {sorted(want - listed)}, not commands {sorted(listed - want)}"
+
+
+def test_the_parameter_tables_agree_with_the_families():
+    """docs/plugins.md's table of a family's parameters has every parameter, with its role and
+    default (the meaning column is prose and not compared)."""
+    from moebench.core.family import REQUIRED, catalogue
+
+    text = (ROOT / "docs/plugins.md").read_text()
+    for name in ("count", "act"):
+        section = text.split(f"#### `{name}`", 1)[1].split("\n#", 1)[0]
+        rows = re.findall(r"^\| `(\w+)` \| (\w+) \| ([^|]+) \|", section, re.M)
+        fam = catalogue()[name]
+        assert [r[0] for r in rows] == list(fam.params), name
+        for pname, role, default in rows:
+            p = fam.params[pname]
+            want = (f"model: `{p.model_key}`" if p.model_key else "required" if p.default is REQUIRED
+                    else f"`{p.default!r}`")
+            assert (role, default.strip()) == (p.role, want), (name, pname)
