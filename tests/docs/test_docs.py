@@ -35,10 +35,11 @@ IDS = [p.relative_to(ROOT).as_posix() for p in PROSE]
 
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 GENERATED = re.compile(r"<!-- generated: (\S+) table (\d+) -->\n(.*?)<!-- end generated -->", re.S)
-NUM = r"[-−+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # 4,176 has a thousands separator, "6, µs" not
+DIGITS = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # 4,176 has a thousands separator, "6, µs" not
+NUM = rf"[-−+]?{DIGITS}"
 UNIT = r"(?:\s?(?:µs|us|ns|ms|s|GB/s|TB/s)\b|×|%)"
 # a sign right after a digit or a tag is a range's dash (`3.4×<!--fig ...-->-24.1×`), not a minus
-TAG = re.compile(rf"(?P<sign>±)?(?P<num>(?:(?<![\w>.])[-−+])?(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?)(?P<unit>{UNIT})?\**"
+TAG = re.compile(rf"(?P<sign>±)?(?P<num>(?:(?<![\w>.])[-−+])?{DIGITS})(?P<unit>{UNIT})?\**"
                  r"<!--fig\s+(?P<pct>pct:)?(?P<expr>.*?)-->", re.S)
 ALIASES = re.compile(r"<!--figs\s+(.*?)-->", re.S)
 EXEMPT = re.compile(rf"{NUM}{UNIT}?\**<!--not-measured-->")
