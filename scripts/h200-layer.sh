@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17 on the H200 in one device session, about 3-4 minutes: which microbenchmark wins survive
 # in a whole MoE layer step. A benchmark, not a test.
-#   scripts/h200-layer.sh OUT [--verify]      then copy OUT/h200/layer* (and REPORT.md) into results/h200/
+#   scripts/h200-layer.sh OUT [--verify]      then copy OUT/h200/layer* into results/h200/
 # 1. `sweep layer`: every count / activation configuration inside the step (decode, decode in a
 #    1024-token graph, a 2048-token prefill chunk) and megatron-core's fused MoE where importable.
 # 2. `ab layer-count`, `ab layer-act`: seed 000's and seed 001's change, each over the kernel alone
@@ -9,9 +9,8 @@
 # 3. the same A/B for the best activation cap the layer sweep found (skipped when that is 8192, done
 #    in 2., or 512, which is the legacy grid itself at these M).
 # 4. with --verify: the layer's correctness matrix (165 cases, no timing).
-# 5. the REPORT.md section, from these files and the kernel sweeps' results/h200/count-block-ab.json
-#    and act-grid-rows.json: OUT/h200/layer-report.md, and OUT/h200/REPORT.md = results/h200/REPORT.md
-#    with the section put in.
+# 5. the layer report, from these files and the kernel sweeps' results/h200/count-block-ab.json
+#    and act-grid-rows.json: OUT/h200/layer-report.md (results/h200/REPORT.md quotes it, tagged).
 set -uo pipefail
 OUT=${1:?usage: scripts/h200-layer.sh OUT [--verify]}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -28,7 +27,5 @@ if [ "$CAP" != 8192 ] && [ "$CAP" != 512 ]; then
   for ext in json md; do mv "$OUT/best/$(basename "$DEV")/layer-act-ab.$ext" "$DEV/layer-act-best-ab.$ext"; done
 fi
 if [ "${2:-}" = --verify ]; then mb verify layer --out "$OUT"; fi
-[ -f results/h200/REPORT.md ] && cp results/h200/REPORT.md "$DEV/REPORT.md"
-python3 -m moebench.report.layer_report "$DEV" --kernel-dir "${KERNEL_DIR:-results/h200}" -o "$DEV/layer-report.md" \
-  --into "$DEV/REPORT.md"
+python3 -m moebench.report.layer_report "$DEV" --kernel-dir "${KERNEL_DIR:-results/h200}" -o "$DEV/layer-report.md"
 cat "$DEV/layer-report.md"

@@ -3,8 +3,8 @@
 # minutes. A benchmark, not a test. Most important first: each step's files are bundled into
 # OUT/h200.tgz as soon as it ends, so a call cut short still returns what finished.
 #   scripts/h200.sh OUT        then unpack OUT/h200.tgz and copy its h200/ into results/h200/
-# The upstream kernels: megatron-core's wheel in .whl/ (installed by the caller, see README
-# "Megatron's own kernels beside ours") and a Megatron-LM checkout's megatron/ in
+# The upstream kernels: megatron-core's wheel in .whl/ (installed by the caller, see
+# docs/reproduce.md) and a Megatron-LM checkout's megatron/ in
 # .upstream/Megatron-LM ($MOEBENCH_MEGATRON_LM, its commit in $MOEBENCH_MEGATRON_LM_COMMIT).
 # The timer study, the GPU suite, nvbench and the wall profile are scripts/h200-instrument.sh.
 set -uo pipefail
