@@ -277,9 +277,12 @@ def verdicts(runs: list[Run], model: N.NoiseModel | None = None, *, compare=comp
             doc = json.loads(r.path.read_text())
             by = r.by_case
             for d in doc["records"]:
-                rec = by.get(d.get("case_id"))
-                if rec is not None:
-                    d["timing"]["rel_noise"] = round(restated(rec, model), 5)
+                if d.get("case_id") in by:
+                    N.restate_timing(d["timing"], d["case_id"], model)
+            # the copy names the model it now states (beside it, with its sha256), as a run made with it does
+            (Path(tmp) / "model.json").write_bytes(Path(model.path if Path(model.path).is_absolute()
+                                                        else ROOT / model.path).read_bytes())
+            doc["provenance"]["noise_model"] = {"setting": "model.json", "path": "model.json", "sha256": model.sha256}
             q = Path(tmp) / f"{len(paths)}-{r.path.name}"
             q.write_text(json.dumps(doc))
             paths[r.name] = q

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,6 +38,8 @@ from moebench.errors import SpecError, UsageError
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SETTINGS = ("auto", "none")
+# a sweep name or device slug that builds a model's path: one plain path component
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # a model is a few KB per hundred cases; anything this big is the wrong file
 MAX_MODEL_BYTES = 4 * 2**20
 
@@ -164,9 +167,39 @@ def load(path: Path, root: Path | None = None) -> NoiseModel:
     return NoiseModel(_shown(path, root), hashlib.sha256(data).hexdigest(), dev, runs, commit, sweep, terms, method)
 
 
-def auto_path(sweep: str, device_slug: str, root: Path | None = None) -> Path:
-
+def auto_path(sweep: Any, device_slug: Any, root: Path | None = None) -> Path | None:
+    """results/<device_slug>/noise/<sweep>.json under the repository; None unless both names are one
+    plain path component (a name read from a results file never reaches outside that folder)."""
+    if not all(isinstance(v, str) and PLAIN_NAME.match(v) and ".." not in v for v in (sweep, device_slug)):
+        return None
     return (root or _REPO_ROOT) / "results" / device_slug / "noise" / f"{sweep}.json"
+
+
+def named(nm: Any, results: Path | None, root: Path | None = None) -> tuple[NoiseModel | None, str]:
+    """The model a results file names (provenance.noise_model: path and sha256), read as data and
+    verified: a relative path without `..`, inside the repository's results/ folder or the results
+    file's own folder; its bytes must hash to the sha256 named, else the archived copy beside it
+    (archive/<stem>-<sha256[:12]>.json) that does. (None, why) when none is named ('') or it cannot
+    be verified."""
+    root = (root or _REPO_ROOT).resolve()
+    if not isinstance(nm, dict) or nm.get("path") is None:
+        return None, ""
+    text, sha = nm.get("path"), nm.get("sha256")
+    if not isinstance(text, str) or not isinstance(sha, str) or Path(text).is_absolute() or ".." in Path(text).parts:
+        return None, (f"provenance.noise_model names {str(text)[:80]!r} (sha256 {str(sha)[:12]}): not a relative path "
+                      "inside the repository's results/ or the file's folder; no model used")
+    places = [(root / "results", root / text)] + ([(results.parent.resolve(), results.parent / text)] if results else [])
+    for inside, p in places:
+        p = p.resolve()
+        if not p.is_relative_to(inside):
+            continue
+        for q in (p, p.parent / "archive" / f"{p.stem}-{sha[:12]}.json"):
+            if q.is_file() and q.stat().st_size <= MAX_MODEL_BYTES and \
+                    hashlib.sha256(q.read_bytes()).hexdigest() == sha:
+                return load(q, root), ""
+    return None, (f"provenance.noise_model names {text} with sha256 {sha[:12]}, and no such file holds those bytes "
+                  "(in the repository's results/ or the file's folder, or archived beside it): its model is not "
+                  "here, no model used")
 
 
 def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: str, timing=None,
@@ -183,6 +216,8 @@ def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: s
         if not sweep:
             return NoiseChoice(setting, note="timing.noise auto: no sweep name to look a model up by")
         p = auto_path(sweep, device_slug, root)
+        if p is None:
+            return NoiseChoice(setting, note=f"timing.noise auto: sweep {str(sweep)[:40]!r} is not a plain name")
         if not p.exists():
             return NoiseChoice(setting)
         m = load(p, root)
@@ -278,6 +313,17 @@ def restated(rel: float, within: float | None, rerun: float | None, model: Noise
     rerun = rerun or 0.0
     term, _ = model.term(case_id, rerun)
     return math.hypot(within, term)
+
+
+def restate_timing(t: dict, case_id: str, model: NoiseModel) -> None:
+    """A record's timing noise fields re-stated in place as the timer states them with `model` in
+    force: rel_noise_within kept (or derived, within_part), rerun_rel the model's term for the case
+    (never below the stated one), rel_noise their hypot, noise_model which term it is."""
+    rel, rerun = float(t.get("rel_noise") or 0), float(t.get("rerun_rel") or 0)
+    within = within_part(rel, t.get("rel_noise_within"), rerun)
+    term, which = model.term(case_id, rerun)
+    t.update(rel_noise=round(math.hypot(within, term), 5), rel_noise_within=round(within, 5),
+             rerun_rel=round(term, 5), noise_model=which)
 
 
 def calibrate(runs: Sequence[tuple[str, str, dict, list]], *, floor: float | None = None) -> dict:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -157,12 +158,30 @@ def _fake_runner(calls: list, emitted_us=None, status: str = "ok", read: bool = 
     return run
 
 
+H200 = SimpleNamespace(name="NVIDIA H200", backend="cuda", sm_count=132, l2_bytes=62914560)
+
+
 @pytest.fixture
 def gpu(monkeypatch):
     import moebench.cli.analysis as A
 
-    monkeypatch.setattr(A, "_check_device", lambda: object())
+    monkeypatch.setattr(A, "_check_device", lambda: H200)
     return A
+
+
+def test_cli_check_on_another_device_or_settings_runs_nothing(tmp_path, capsys, monkeypatch, gpu):
+    calls: list = []
+    monkeypatch.setattr(gpu, "run_cases", _fake_runner(calls))
+    monkeypatch.setattr(gpu, "_check_device", lambda: SimpleNamespace(**{**vars(H200), "name": "NVIDIA B200"}))
+    code, _, err = run_cli(["recommend", str(_planted(tmp_path)), "--emit", "env", "--check"], capsys)
+    assert code == 2 and "the check would measure something else" in err and "NVIDIA B200" in err and not calls
+    f = _planted(tmp_path)
+    doc = json.loads(f.read_text())
+    doc["provenance"]["timing"]["l2"] = "cold"
+    f.write_text(json.dumps(doc))
+    monkeypatch.setattr(gpu, "_check_device", lambda: H200)
+    code, _, err = run_cli(["recommend", str(f), "--emit", "env", "--check"], capsys)
+    assert code == 2 and "l2: 'cold' -> 'warm'" in err and not calls
 
 
 def test_cli_check_confirms_the_gain_with_the_environment_injected(tmp_path, capsys, monkeypatch, gpu):
