@@ -52,11 +52,12 @@ def _dict(v: Any) -> dict:
 
 def settings_of(prov: dict) -> dict:
     """{device, timing, switches} of a run: provenance.device and .timing where the file has them
-    (a results file), else provenance.settings.device and .timing (a stream's header)."""
+    (a results file), else provenance.settings.device and .timing (a stream's header); the kill
+    switches from provenance.settings. Of its own result it returns the same."""
     s = _dict(prov.get("settings"))
     return {"device": _dict(prov.get("device")) or _dict(s.get("device")),
             "timing": _dict(prov.get("timing")) or _dict(s.get("timing")),
-            "switches": _dict(s.get("switches"))}
+            "switches": _dict(s.get("switches")) or _dict(prov.get("switches"))}
 
 
 @dataclass
