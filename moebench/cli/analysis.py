@@ -355,12 +355,14 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
     """recommend --emit: decide, optionally --check on this GPU, write or print the file."""
     import json
 
+    from moebench.analysis.comparable import file_noise
     from moebench.analysis.recommend import decide, emit_document, env_text
 
     if emit not in ("env", "json"):
         raise UsageError(f"--emit: expected env or json, got {emit!r}" if emit else
                          "--output, --variant and --check go with --emit env|json")
-    decisions = decide(records, fam, over=_csv(over), weights_text=weights, variant=variant, metric=metric)
+    decisions = decide(records, fam, over=_csv(over), weights_text=weights, variant=variant, metric=metric,
+                       noise=file_noise(prov, records, None if str(results).startswith("ref:") else Path(results)))
     checked = _check_emitted(results, prov, records, fam, decisions) if check else None
     doc = emit_document(decisions, prov, str(results), checked)
     text = env_text(doc) if emit == "env" else json.dumps(doc, indent=1, default=str) + "\n"
