@@ -11,7 +11,7 @@ One rule, used by `compare`, `history`, `merge` and `recommend --check`:
 - `file_noise`: the half-width each record is judged by. A record states rel_noise =
   hypot(rel_noise_within, rerun_rel); the parts must agree within PARTS_TOLERANCE, or the file is
   refused. The run-to-run term is not taken from the record: it is the one the noise model the file
-  names (provenance.noise_model: path and sha256, verified; moebench.core.noise.named) gives for the
+  names (provenance.noise_model: path and sha256, verified: `named`) gives for the
   case, never below timing.rerun_rel; for a case no verified model holds, it is an assumed term, the
   record's own capped at timing.rerun_rel and at ASSUMED_MAX. Only a measured term can make a
   compare case NOISY. A record that states no run-to-run term (rerun_rel) is not judged.
@@ -24,12 +24,14 @@ No torch import; a model file is read as data only.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from moebench.core import noise as N
+from moebench.core.text import slugify
 from moebench.errors import UsageError
 
 # Timer settings that decide how long a measurement runs, or only the half-width it states (rerun_rel,
@@ -173,33 +175,53 @@ class FileNoise:
         self.model += f"; re-stated with {model.describe()} ({why}) for {n} records"
 
     def describe(self) -> str:
-        judged = [x for x in self.by_case.values() if x is not None]
-        measured = sum(x.measured for x in judged)
-        text = f"{self.model}: {measured} of {len(self.by_case)} records with a measured run-to-run term"
-        if len(judged) - measured:
-            text += f", {len(judged) - measured} with an assumed one (at most {100 * ASSUMED_MAX:g}%)"
-        if len(judged) < len(self.by_case):
-            text += f", {len(self.by_case) - len(judged)} state none (not judged)"
-        return text
+        xs = list(self.by_case.values())
+        measured, assumed = sum(bool(x and x.measured) for x in xs), sum(bool(x and not x.measured) for x in xs)
+        return (f"{self.model}: {measured} of {len(xs)} records with a measured run-to-run term, {assumed} with an "
+                f"assumed one (at most {100 * ASSUMED_MAX:g}%), {len(xs) - measured - assumed} state none (not judged)")
+
+
+def named(nm: Any, results: Path | None, root: Path | None = None) -> tuple[N.NoiseModel | None, str]:
+    """The model a results file names (provenance.noise_model: path and sha256), read as data and
+    verified: a relative path without `..`, inside the repository's results/ folder or the results
+    file's own folder; its bytes must hash to the sha256 named, else the archived copy beside it
+    (archive/<stem>-<sha256[:12]>.json) that does. (None, why) when none is named ('') or it cannot
+    be verified."""
+    root = (root or N._REPO_ROOT).resolve()
+    if not isinstance(nm, dict) or nm.get("path") is None:
+        return None, ""
+    text, sha = nm.get("path"), nm.get("sha256")
+    if not isinstance(text, str) or not isinstance(sha, str) or Path(text).is_absolute() or ".." in Path(text).parts:
+        return None, (f"provenance.noise_model names {str(text)[:80]!r} (sha256 {str(sha)[:12]}): not a relative path "
+                      "inside the repository's results/ or the file's folder; no model used")
+    places = [(root / "results", root / text)] + ([(results.parent.resolve(), results.parent / text)] if results else [])
+    for inside, p in places:
+        p = p.resolve()
+        if not p.is_relative_to(inside):
+            continue
+        for q in (p, p.parent / "archive" / f"{p.stem}-{sha[:12]}.json"):
+            if q.is_file() and q.stat().st_size <= N.MAX_MODEL_BYTES and \
+                    hashlib.sha256(q.read_bytes()).hexdigest() == sha:
+                return N.load(q, root), ""
+    return None, (f"provenance.noise_model names {text} with sha256 {sha[:12]}, and no such file holds those bytes "
+                  "(in the repository's results/ or the file's folder, or archived beside it): its model is not "
+                  "here, no model used")
 
 
 def file_noise(prov: dict, records: Sequence[Any], source: Path | str | None, *, name: str = "",
                allow_foreign: bool = False) -> FileNoise:
     """The judged half-width of every timed record of a file (record_noise), with its named model
-    verified (moebench.core.noise.named); UsageError (exit 2) for a record whose noise is malformed.
+    verified (`named`); UsageError (exit 2) for a record whose noise is malformed.
     `source`: the file's path (a model may lie next to it); `name`: how messages call the file."""
     name = name or str(source or "the file")
-    model, why = N.named(prov.get("noise_model"), Path(source) if source else None)
+    model, why = named(prov.get("noise_model"), Path(source) if source else None)
     notes = [f"{name}: {why}"] if why else []
     if model is not None and (bad := foreign(model, prov)):
-        if not allow_foreign:
-            notes.append(f"{name}: its noise model {model.path} {bad}: not used (--allow-foreign-model uses it)")
-            model = None
-        else:
-            notes.append(f"{name}: its noise model {model.path} {bad}: used as asked (--allow-foreign-model)")
+        notes.append(f"{name}: its noise model {model.path} {bad}: " + ("used as asked (--allow-foreign-model)" if
+                     allow_foreign else "not used (--allow-foreign-model uses it)"))
+        model = model if allow_foreign else None
     floor = settings_of(prov)["timing"].get("rerun_rel")
-    cap = min(float(floor), ASSUMED_MAX) if isinstance(floor, (int, float)) and not isinstance(floor, bool) \
-        and math.isfinite(floor) and floor >= 0 else ASSUMED_MAX
+    cap = min(float(floor), ASSUMED_MAX) if isinstance(floor, (int, float)) and floor >= 0 else ASSUMED_MAX
     out, moved = {}, []
     for r in records:
         if r.status != "ok" or r.timing.get("median_us") is None:
@@ -235,8 +257,6 @@ def model_for(setting: str, prov: dict, *, allow_foreign: bool = False) -> tuple
     repository's results/<device>/noise/<sweep>.json for its device (none when there is none); none;
     else a model file, refused (UsageError) when measured on another device or for another sweep,
     unless `allow_foreign` (then said)."""
-    from moebench.core.text import slugify
-
     if setting == "none":
         return None, ""
     dev = settings_of(prov)["device"].get("name")

@@ -25,24 +25,6 @@ CLOCK_TOLERANCE = 0.02
 HIGHER_IS_BETTER = frozenset({"gbps", "speedup", "tflops", "gflops"})
 LOWER_IS_BETTER = frozenset({"cycles", "x_floor", "x_empty", "x_floor_plus_empty", "over_empty_us"})
 
-COMPARE_RULE = (
-    "Per case (matched by case_id), d = (new - base) / base on the median per launch, and the noise "
-    "n = sqrt(nb² + nn²), where nb, nn are the two rows' judged half-widths (moebench.analysis.comparable): "
-    "each record's within-run half-width (rel_noise_within: McGill's notch or the spread of its placement "
-    "groups) with a run-to-run term in quadrature, the term the noise model its file names gives for the "
-    "case (path and sha256 verified), or an assumed one of at most 0.5%, widened to the repository's model "
-    "for the sweep and device (--noise auto). With t the threshold: FASTER or SLOWER when |d| ≥ t and "
-    "|d| > n (resolved from zero and at least t; for a higher-is-better metric such as gbps a drop is "
-    "SLOWER); SAME when |d| + n < t (any change is inside ±t); NOISY when |d| ≤ n, both run-to-run terms "
-    "are measured (an assumed one never makes a case NOISY), and the runs' within-run half-widths "
-    "combined (w) are under t: each run is precise enough to judge t, their difference is inside the "
-    "measured run-to-run spread, and that spread cannot resolve a change of t; UNCLEAR otherwise (a "
-    "difference resolved from zero but not shown to reach t or to stay under it, or runs too imprecise to "
-    "judge t). A record that states no run-to-run term is not judged. nvbench's compare calls a change "
-    "SAME when |d| ≤ min(noise) of the two rows; this rule adds the threshold so that a resolved but "
-    "immaterial change stays SAME.")
-
-
 def metric_direction(metric: str) -> bool:
     """True when higher is better, False when lower is; UsageError for a metric of unknown direction."""
     if metric in HIGHER_IS_BETTER:
@@ -205,8 +187,14 @@ def add_cycles(records: list[Record], metric: str = "median_us") -> int:
 def classify(base: float, new: float, base_noise: float | None, new_noise: float | None,
              threshold: float, higher_is_better: bool = False, *,
              within: tuple[float, float] | None = None) -> tuple[str, float, float | None]:
-    """(verdict, d, n) by COMPARE_RULE. `within`: the two rows' within-run half-widths, given only
-    where both run-to-run terms are measured; without them no case is NOISY."""
+    """(verdict, d, n): d = (new - base) / base, n = hypot of the two judged half-widths, t the
+    threshold. FASTER/SLOWER when |d| >= t and |d| > n (a drop is SLOWER for a higher-is-better
+    metric); SAME when |d| + n < t; NOISY when |d| <= n and the runs' within-run half-widths
+    combined are under t, given only where both run-to-run terms are measured (`within`): the
+    difference is inside the measured spread between runs, which cannot resolve t; else UNCLEAR
+    (resolved from zero but not shown to reach t or stay under it), and without a noise estimate.
+    nvbench calls a change SAME when |d| <= min(noise); the threshold keeps an immaterial but
+    resolved change SAME."""
     d = (new - base) / base
     if base_noise is None or new_noise is None:
         return "UNCLEAR", d, None
@@ -253,7 +241,7 @@ def check_times(records: list[Record], name: str, metric: str) -> None:
 
 def compare_records(base: list[Record], new: list[Record], *, threshold: float = 0.05, metric: str = "median_us",
                     cycles: bool = False, noise: tuple[FileNoise, FileNoise] | None = None) -> CompareReport:
-    """Per case SAME / FASTER / SLOWER / NOISY / UNCLEAR by COMPARE_RULE. `noise`: each file's judged
+    """Per case SAME / FASTER / SLOWER / NOISY / UNCLEAR (classify). `noise`: each file's judged
     half-widths (moebench.analysis.comparable.file_noise; default: from the records alone, every
     run-to-run term assumed). `cycles`: compare a time metric in SM clock cycles (µs x MHz, each
     record's own clock) instead of µs; a record without a clock is then not judged."""

@@ -3,43 +3,33 @@
 The store is one SQLite file (the standard library's sqlite3): no new dependency; WAL journaling
 and one IMMEDIATE transaction per added file, so several `history add` at once each land whole and
 none is lost (a writer waits up to `BUSY_S` for another); one file that can be committed beside the
-results it summarises (the last connection to close folds the WAL back into it). A database holding
-anything moebench did not create (a trigger, a view, another table or index, a table of another
-definition) is refused on open, before a statement runs: SQL stored in a file never runs.
+results it summarises. A database holding anything moebench did not create (a trigger, a view,
+another table or index, a table of another definition) is refused on open: SQL stored in a file
+never runs.
 
 Tables (schema version `SCHEMA_VERSION`, kept in `meta`; a file of another version is refused):
+meta(key, value); runs, one row per run with its provenance (device, driver, CUDA, torch, triton,
+clocks, commit, spec hash, its settings as the comparability rule reads them, command, timestamp
+and that instant in UTC); records, one row per record (case id, variant, status, median, the noise
+fields as `compare` judges them, timer, estimator, L2 state, SM clocks, a fingerprint of its
+measurement, the record as JSON). Values are typed on the way in (exit 2 naming the key).
 
-- meta(key, value): app = moebench-history, schema_version.
-- runs: one row per run, keyed by a run id (provenance.run_id when a run states one, else the
-  SHA-256 of the file's provenance and records), with its provenance: device, driver, CUDA, torch,
-  triton, SM/memory clocks, commit, spec hash, the run's settings as the comparability rule reads
-  them (moebench.analysis.comparable.settings_of), command, timestamp and that instant in UTC, and
-  the whole provenance as JSON.
-- records: one row per record of a run: case id, variant, status, median, the judged noise fields
-  (rel_noise = the ~95% half-width as a fraction, its parts rel_noise_within and rerun_rel, checked
-  as `compare` checks them: moebench.analysis.comparable.file_noise), timer, estimator, L2 state,
-  the SM clock at the start and end of its timing, a fingerprint of its measurement, and the record
-  as JSON.
+One run is one run: a stream and its final file, or a resumed run, share measurements (records of
+one fingerprint: the case and its timing group); the file holding more timed records is kept. A/B
+files and files with two records of a case are not sweep runs.
 
-One run is one run: a stream and its final file, or a resumed run's streams and file, share
-measurements (records with the same fingerprint, the hash of the case and its timing group); a file
-that shares one with a stored run replaces it when it holds more timed records, else is already
-stored. A/B files and files with two records of one case are not sweep runs: refused.
-
-`check` runs E-divisive means (moebench.analysis.edivisive) on each case's series of medians, in
-run order (the run's instant in UTC, then the order added), over its last `WINDOW` timed runs
-(memory per series grows with the square of the window, not of the history), and labels every
+`check` runs E-divisive means (moebench.analysis.edivisive) on each case's series of medians in run
+order (UTC instant, then the order added), over its last `WINDOW` timed runs, and labels every
 change point:
 
 - hardware/driver change: the device, driver, CUDA, torch, triton or the SM/memory clock differ
   between the runs on either side of the step;
-- method change: the timing method (timer, estimator, L2 state) or a setting that changes the
-  number (the comparability rule; a noise-only setting such as max_seconds or noise is not one);
+- method change: the timer, estimator or L2 state, or a setting that changes the number (the
+  comparability rule: a noise-only setting is not one);
 - noise: the step lies within the stated intervals: [m(1-r), m(1+r)] before and after overlap,
   m the median of a side's medians and r the median of its rel_noise, or, where wider, the runs'
   own scatter: 1.96 * s / sqrt(k) / m, s the robust sd (1.4826 * median absolute residual about
-  each side's median) pooled over both sides, k the side's runs;
-- noise too: a step smaller than `min_step` (default 1%, `--min-step`);
+  each side's median) pooled over both sides, k the side's runs; or a step under `min_step`;
 - real: otherwise, a regression (slower after) or an improvement.
 
 Nothing here prints, imports torch or runs a kernel.
@@ -61,6 +51,8 @@ from typing import Any, Iterator, Sequence
 
 from moebench.analysis.comparable import differences, file_noise, model_for, settings_of
 from moebench.core.noise import restated
+from moebench.core.stats import median
+from moebench.core.text import varying
 from moebench.errors import UsageError
 
 APP = "moebench-history"
@@ -229,15 +221,10 @@ def fingerprint(rec: Any) -> str | None:
 def utc_instant(ts: Any) -> str | None:
     """A stamp with its UTC offset (2026-12-01T17:06:05+0000, or -05:00, or Z) as the UTC instant
     2026-12-01T17:06:05Z, which sorts as time does; None when it is not one."""
-    if not isinstance(ts, str):
-        return None
     try:
-        t = datetime.fromisoformat(ts.strip().replace("Z", "+00:00"))
-    except ValueError:
-        try:
-            t = datetime.strptime(ts.strip(), "%Y-%m-%dT%H:%M:%S%z")
-        except ValueError:
-            return None
+        t = datetime.fromisoformat(ts.strip())
+    except (AttributeError, TypeError, ValueError):
+        return None
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if t.tzinfo else None
 
 
@@ -483,20 +470,14 @@ class Change:
         return self.label == REAL and self.direction == "regression"
 
 
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
 def spread(*sides: Sequence[Point]) -> float:
     """A robust sd of one run's median about its side's median, pooled over the sides (so a side of
     two runs borrows the other's): 1.4826 * the median absolute residual; 0 with fewer than 4 runs."""
     res = []
     for side in sides:
-        m = _median([x.median_us for x in side])
+        m = median([x.median_us for x in side])
         res += [abs(x.median_us - m) for x in side]
-    return 1.4826 * _median(res) if len(res) >= 4 else 0.0
+    return 1.4826 * median(res) if len(res) >= 4 else 0.0
 
 
 def _differs(a: dict, b: dict, keys: Sequence[str]) -> list[str]:
@@ -526,14 +507,14 @@ HARDWARE_KEYS = ("device", "driver", "cuda", "torch", "triton", "sm_clock_max_mh
 def label_change(s: Series, pts: list[Point], lo: int, k: int, hi: int, p: float, min_step: float = 0.0) -> Change:
     """Label the step at pts[k] between the segments pts[lo:k] and pts[k:hi] (timed points only)."""
     before, after = pts[lo:k], pts[k:hi]
-    mb, ma = _median([x.median_us for x in before]), _median([x.median_us for x in after])
+    mb, ma = median([x.median_us for x in before]), median([x.median_us for x in after])
     rb_list = [x.rel_noise for x in before if x.rel_noise is not None]
     ra_list = [x.rel_noise for x in after if x.rel_noise is not None]
     # each side's half-width: the stated one, or the runs' own scatter about their median where
     # that is wider (runs of one commit in fresh processes spread further than one run states)
     sd = spread(before, after)
-    rb = max(_median(rb_list), 1.96 * sd / math.sqrt(len(before)) / mb) if rb_list else None
-    ra = max(_median(ra_list), 1.96 * sd / math.sqrt(len(after)) / ma) if ra_list else None
+    rb = max(median(rb_list), 1.96 * sd / math.sqrt(len(before)) / mb) if rb_list else None
+    ra = max(median(ra_list), 1.96 * sd / math.sqrt(len(after)) / ma) if ra_list else None
     direction = "regression" if ma > mb else "improvement"
     hw = _differs(pts[k - 1].hardware, pts[k].hardware, HARDWARE_KEYS)
     method = _method_diff(pts[k - 1].method, pts[k].method)
@@ -607,30 +588,11 @@ class CheckReport:
         return 0, "no real regression"
 
 
-def restate(all_series: Sequence[Series], model) -> int:
-    """Re-state every point's interval with a device noise model (moebench.core.noise.NoiseModel):
-    the within-run half-width with max(the stated run-to-run term, the model's term for the case) in
-    quadrature, as the timer states it when the model is in force. Runs made before a model existed
-    state only the default term, which the between-process (and between-commit) spread of some
-    cases exceeds. Returns how many points were re-stated."""
-    n = 0
-    for s in all_series:
-        if s.case_id not in model.cases:
-            continue
-        for x in s.points:
-            if x.rel_noise is None:
-                continue
-            x.rel_noise = restated(x.rel_noise, x.rel_noise_within, x.rerun_rel, model, s.case_id)
-            n += 1
-    return n
-
-
 def restate_with(all_series: Sequence[Series], setting: str = "auto", *, allow_foreign: bool = False) -> list[str]:
-    """Re-state each sweep's intervals with a device noise model (`restate`), as `compare --noise`
-    does (moebench.analysis.comparable.model_for): `auto` finds results/<device>/noise/<sweep>.json
-    of the repository for the one device a sweep's runs were timed on, `none` keeps the stated
-    intervals, anything else is a model file, refused for a sweep of another device or name unless
-    `allow_foreign`. Returns one line per sweep saying what was used."""
+    """Re-state each sweep's intervals with a device noise model, as `compare --noise` does
+    (moebench.analysis.comparable.model_for: auto, none or a model file of the sweep's one device):
+    each point's within-run half-width with max(its run-to-run term, the model's for the case) in
+    quadrature, as the timer states it with the model in force. One line per sweep says what was used."""
     if setting == "none":
         return []
     by_sweep: dict[str, list[Series]] = {}
@@ -647,7 +609,10 @@ def restate_with(all_series: Sequence[Series], setting: str = "auto", *, allow_f
         if model is None:
             lines.append(f"{sweep}: no noise model" + (f" ({note})" if note else "") + ": stated intervals")
             continue
-        n = restate(group, model)
+        pts = [(s.case_id, x) for s in group if s.case_id in model.cases for x in s.points if x.rel_noise is not None]
+        for cid, x in pts:
+            x.rel_noise = restated(x.rel_noise, x.rel_noise_within, x.rerun_rel, model, cid)
+        n = len(pts)
         lines.append(f"{sweep}: intervals re-stated with {model.describe()} ({n} runs of the cases it holds)"
                      + (f"; {note}" if note else ""))
     return lines
@@ -683,7 +648,4 @@ def case_text(s: Series, keys: Sequence[str] | None = None) -> str:
 
 def varying_params(all_series: Sequence[Series]) -> list[str]:
     """The parameters that tell these series apart."""
-    keys: list[str] = []
-    for s in all_series:
-        keys += [k for k in s.params if k not in keys]
-    return [k for k in keys if len({_js(s.params.get(k)) for s in all_series}) > 1]
+    return varying([s.params for s in all_series], dict.fromkeys(k for s in all_series for k in s.params))

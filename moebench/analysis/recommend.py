@@ -10,6 +10,7 @@ from typing import Any, Iterable, Sequence
 
 from moebench.analysis import describe, metric_of, value_of, varying_keys
 from moebench.analysis.comparable import ASSUMED_MAX, record_noise
+from moebench.core.cases import Case, case_id
 from moebench.core.text import ordered
 from moebench.core.records import Record
 from moebench.errors import UsageError
@@ -486,8 +487,6 @@ def _iv(c: dict, name: str) -> str:
 def check_cases(d: Decision, family, records: list[Record]) -> list:
     """The cases `--check` runs for one emitted switch: each variant that reads the switch, at each
     shape of the mix (the evidence records' other parameters), its launch value left to the switch."""
-    from moebench.core.cases import Case, case_id
-
     by_id = {r.case_id: r for r in records}
     out = []
     for reader in d.switch.readers:

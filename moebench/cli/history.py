@@ -10,6 +10,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from moebench.analysis import REF_PREFIX, read_results
+from moebench.analysis.history import (add_results, case_text, check as run_check, open_db, order_notes, restate_with,
+                                       series, varying_params)
 from moebench.cli.common import DEFAULT_OUT, err, out
 from moebench.core.text import md_table
 from moebench.errors import ExitCode, UsageError
@@ -30,9 +33,6 @@ def add(
     replaces it when it holds more timed records, else is skipped, so adding again is harmless;
     several `add` may run at once. A/B files, a record whose noise parts disagree and values of the
     wrong type are refused (exit 2)."""
-    from moebench.analysis import REF_PREFIX, read_results
-    from moebench.analysis.history import add_results, open_db
-
     loaded = []
     for f in results:  # every file read before the database is touched: a bad one adds nothing
         if str(f).startswith(REF_PREFIX):
@@ -64,8 +64,6 @@ def show(
 ):
     """One row per run of the case, in run order: commit, device, driver, median, the stated
     interval and the timing method. Without CASE: the cases with their number of runs."""
-    from moebench.analysis.history import case_text, open_db, series, varying_params
-
     with open_db(db) as con:
         found = series(con, sweep=sweep, case=case)
     if not found:
@@ -119,9 +117,6 @@ def check(
     within the stated intervals or the runs' own scatter, or is below --min-step) or real (a
     regression or an improvement). Exit 1 when a real regression is found: a CI gate; exit 2 when
     it vouched for nothing (no case with 4 timed runs) or a case's latest run has no time."""
-    from moebench.analysis.history import (case_text, check as run_check, open_db, order_notes, restate_with, series,
-                                           varying_params)
-
     with open_db(db) as con:
         found = series(con, sweep=sweep)
         notes = order_notes(con)

@@ -28,7 +28,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,7 +37,6 @@ from moebench.errors import SpecError, UsageError
 # the checkout moebench runs from (moebench.core.spec.PACKAGE_ROOT; not imported: spec reads this module)
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
-SETTINGS = ("auto", "none")
 # a sweep name or device slug that builds a model's path: one plain path component
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # a model is a few KB per hundred cases; anything this big is the wrong file
@@ -175,33 +174,6 @@ def auto_path(sweep: Any, device_slug: Any, root: Path | None = None) -> Path | 
     return (root or _REPO_ROOT) / "results" / device_slug / "noise" / f"{sweep}.json"
 
 
-def named(nm: Any, results: Path | None, root: Path | None = None) -> tuple[NoiseModel | None, str]:
-    """The model a results file names (provenance.noise_model: path and sha256), read as data and
-    verified: a relative path without `..`, inside the repository's results/ folder or the results
-    file's own folder; its bytes must hash to the sha256 named, else the archived copy beside it
-    (archive/<stem>-<sha256[:12]>.json) that does. (None, why) when none is named ('') or it cannot
-    be verified."""
-    root = (root or _REPO_ROOT).resolve()
-    if not isinstance(nm, dict) or nm.get("path") is None:
-        return None, ""
-    text, sha = nm.get("path"), nm.get("sha256")
-    if not isinstance(text, str) or not isinstance(sha, str) or Path(text).is_absolute() or ".." in Path(text).parts:
-        return None, (f"provenance.noise_model names {str(text)[:80]!r} (sha256 {str(sha)[:12]}): not a relative path "
-                      "inside the repository's results/ or the file's folder; no model used")
-    places = [(root / "results", root / text)] + ([(results.parent.resolve(), results.parent / text)] if results else [])
-    for inside, p in places:
-        p = p.resolve()
-        if not p.is_relative_to(inside):
-            continue
-        for q in (p, p.parent / "archive" / f"{p.stem}-{sha[:12]}.json"):
-            if q.is_file() and q.stat().st_size <= MAX_MODEL_BYTES and \
-                    hashlib.sha256(q.read_bytes()).hexdigest() == sha:
-                return load(q, root), ""
-    return None, (f"provenance.noise_model names {text} with sha256 {sha[:12]}, and no such file holds those bytes "
-                  "(in the repository's results/ or the file's folder, or archived beside it): its model is not "
-                  "here, no model used")
-
-
 def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: str, timing=None,
             root: Path | None = None) -> NoiseChoice:
     """The model a run uses. `auto`: auto_path when it exists and was measured on `device_name`
@@ -240,8 +212,6 @@ def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: s
 def _method_note(m: NoiseModel, timing) -> str:
     if timing is None or not m.method:
         return ""
-    from dataclasses import asdict
-
     now = asdict(timing)
     diff = sorted(k for k, v in m.method.items() if k != "noise" and k in now and now[k] != v)
     return (f"{m.path} was measured under other timing settings ({', '.join(diff)})") if diff else ""
@@ -313,17 +283,6 @@ def restated(rel: float, within: float | None, rerun: float | None, model: Noise
     rerun = rerun or 0.0
     term, _ = model.term(case_id, rerun)
     return math.hypot(within, term)
-
-
-def restate_timing(t: dict, case_id: str, model: NoiseModel) -> None:
-    """A record's timing noise fields re-stated in place as the timer states them with `model` in
-    force: rel_noise_within kept (or derived, within_part), rerun_rel the model's term for the case
-    (never below the stated one), rel_noise their hypot, noise_model which term it is."""
-    rel, rerun = float(t.get("rel_noise") or 0), float(t.get("rerun_rel") or 0)
-    within = within_part(rel, t.get("rel_noise_within"), rerun)
-    term, which = model.term(case_id, rerun)
-    t.update(rel_noise=round(math.hypot(within, term), 5), rel_noise_within=round(within, 5),
-             rerun_rel=round(term, 5), noise_model=which)
 
 
 def calibrate(runs: Sequence[tuple[str, str, dict, list]], *, floor: float | None = None) -> dict:

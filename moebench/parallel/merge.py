@@ -8,13 +8,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from moebench.analysis.comparable import differences
+from moebench.analysis.pages import page_spec
+from moebench.core.baseline import set_delta
+from moebench.core.records import Record, load_results
 from moebench.errors import UsageError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moebench.core.records import Record
 
 
 @dataclass
@@ -50,8 +50,6 @@ _MUST_AGREE = (
 
 def merge_results(paths: Sequence[Path]) -> Merged:
     """Read shard result files and merge them, refusing inputs that are not shards of one run."""
-    from moebench.core.records import load_results
-
     files: list[Path] = []
     seen_paths: set[Path] = set()
     for p in map(Path, paths):
@@ -115,8 +113,6 @@ def merge_results(paths: Sequence[Path]) -> Merged:
 
     # the whole matrix, from the files themselves (provenance.cases): a reader never opens the spec
     # file a results file names (loading a spec runs its plugins)
-    from moebench.analysis.pages import page_spec
-
     m.spec = page_spec(prov0, [r for _, _, recs in loaded for r in recs])
     cmap = _case_map(loaded)
     order: dict[str, int] = {}
@@ -153,8 +149,6 @@ def _case_map(loaded: list) -> dict | None:
 def _baseline_deltas(records: list, baseline_of: dict, spec) -> None:
     """Read every timed record against the baseline launch of its shape (found by the baseline case
     id the files list), as a sweep does: speedup, Δµs and the per-step projection."""
-    from moebench.core.baseline import set_delta
-
     by_id = {r.case_id: r for r in records}
     layers = spec.model.get("moe_layers")
     for r in records:

@@ -163,6 +163,22 @@ def test_the_named_model_is_verified_by_its_hash(tmp_path, capsys):
         assert "measured model results/h200/noise/count-block.json" in rep.noise_models["BASE"]
 
 
+def test_a_named_model_is_found_by_its_sha256_or_its_archived_copy(tmp_path):
+    from moebench.analysis.comparable import named
+
+    call5 = json.loads((H200 / "repro/call5/fresh/count-block-run1.json").read_text())["provenance"]["noise_model"]
+    m, why = named(call5, None)  # its model was re-calibrated since: the archive holds the bytes it names
+    assert why == "" and m.path == "results/h200/noise/archive/count-block-968f7250c8b0.json"
+    results = tmp_path / "r.json"
+    nm = _model(tmp_path / "m.json", {"c": 0.01})
+    assert named(nm, results)[0].cases == {"c": 0.01}
+    for bad in ({**nm, "sha256": "0" * 64}, {**nm, "path": "../m.json"}, {**nm, "path": str(tmp_path / "m.json")},
+                {**nm, "path": ["m.json"]}):
+        m, why = named(bad, results)
+        assert m is None and "no model used" in why
+    assert named({"setting": "none", "path": None}, results) == (None, "")
+
+
 def test_a_model_of_another_device_or_sweep_is_not_used_unless_asked(tmp_path, capsys):
     base, new = _doctored(tmp_path, lambda i, t: None)
     doc = json.loads(new.read_text())

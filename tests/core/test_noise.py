@@ -2,7 +2,6 @@
 model ignored with a note, a malformed file is one line and exit 2, a case missing from it gets the
 default), the timer adding its term, the provenance and page line, and calibrate's arithmetic."""
 
-import hashlib
 import json
 import math
 from types import SimpleNamespace
@@ -117,21 +116,6 @@ def test_the_auto_path_is_under_the_repository_root():
     for sweep, slug in (("../../../etc/x", "h200"), ("count-block", "../h200"), ("..", "h200"), ({"a": 1}, "h200")):
         assert N.auto_path(sweep, slug) is None
     assert "not a plain name" in N.resolve("auto", sweep="../../x", device_name="NVIDIA H200", device_slug="h200").note
-
-
-def test_a_named_model_is_found_by_its_sha256_or_its_archived_copy(tmp_path):
-    call5 = load_results(PACKAGE_ROOT / "results/h200/repro/call5/fresh/count-block-run1.json")[0]["noise_model"]
-    m, why = N.named(call5, None)  # its model was re-calibrated since: the archive holds the bytes it names
-    assert why == "" and m.path == "results/h200/noise/archive/count-block-968f7250c8b0.json"
-    results = tmp_path / "r.json"
-    beside = _model(tmp_path / "m.json")
-    sha = hashlib.sha256(beside.read_bytes()).hexdigest()
-    assert N.named({"path": "m.json", "sha256": sha}, results)[0].runs == 4
-    for bad in ({"path": "m.json", "sha256": "0" * 64}, {"path": "../m.json", "sha256": sha},
-                {"path": str(beside), "sha256": sha}, {"path": ["m.json"], "sha256": sha}):
-        m, why = N.named(bad, results)
-        assert m is None and "no model used" in why
-    assert N.named({"setting": "none", "path": None}, results) == (None, "")
 
 
 # ----------------------------------------------------------------------------------- the timer
