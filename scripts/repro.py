@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import re
 import shutil
 import socket
@@ -221,6 +222,17 @@ def restated(rec: Record, model: N.NoiseModel | None) -> float:
                       rec.case_id)
 
 
+def restate_timing(t: dict, case_id: str, model: N.NoiseModel) -> None:
+    """A record's timing noise fields re-stated in place as the timer states them with `model` in
+    force: rel_noise_within kept (or derived, within_part), rerun_rel the model's term for the case
+    (never below the stated one), rel_noise their hypot, noise_model which term it is."""
+    rel, rerun = float(t.get("rel_noise") or 0), float(t.get("rerun_rel") or 0)
+    within = N.within_part(rel, t.get("rel_noise_within"), rerun)
+    term, which = model.term(case_id, rerun)
+    t.update(rel_noise=round(math.hypot(within, term), 5), rel_noise_within=round(within, 5),
+             rerun_rel=round(term, 5), noise_model=which)
+
+
 def with_noise(rec: Record, rel: float) -> Record:
     """A copy of `rec` stating `rel` as its half-width."""
     d = rec.to_json()
@@ -277,9 +289,12 @@ def verdicts(runs: list[Run], model: N.NoiseModel | None = None, *, compare=comp
             doc = json.loads(r.path.read_text())
             by = r.by_case
             for d in doc["records"]:
-                rec = by.get(d.get("case_id"))
-                if rec is not None:
-                    d["timing"]["rel_noise"] = round(restated(rec, model), 5)
+                if d.get("case_id") in by:
+                    restate_timing(d["timing"], d["case_id"], model)
+            # the copy names the model it now states (beside it, with its sha256), as a run made with it does
+            (Path(tmp) / "model.json").write_bytes(Path(model.path if Path(model.path).is_absolute()
+                                                        else ROOT / model.path).read_bytes())
+            doc["provenance"]["noise_model"] = {"setting": "model.json", "path": "model.json", "sha256": model.sha256}
             q = Path(tmp) / f"{len(paths)}-{r.path.name}"
             q.write_text(json.dumps(doc))
             paths[r.name] = q

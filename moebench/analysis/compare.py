@@ -1,62 +1,29 @@
-"""`moebench compare`: two results files, per case SAME / FASTER / SLOWER / UNCLEAR, noise-aware."""
+"""`moebench compare`: two results files, per case SAME / FASTER / SLOWER / NOISY / UNCLEAR, noise-aware."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from moebench.analysis import metric_of, varying_keys
-from moebench.core.noise import within_part
+from moebench.analysis import metric_of, read_results, varying_keys
+from moebench.analysis.comparable import FileNoise, check_comparable, file_noise, model_for
 from moebench.core.records import Record
 from moebench.errors import UsageError
 
 
 VERDICTS = ("SAME", "FASTER", "SLOWER", "NOISY", "UNCLEAR")
 
-# The run-to-run half-width of a record that states none (timing.rerun_rel absent: files of an
-# older moebench, e.g. results/h200x2/*.json, whose rel_noise is the spread inside one run only:
-# ±0.01-0.08% there). Measured on one H200, two runs of one commit differed per case by up to 6.7%
-# (a one-GPU and a two-worker count-block sweep, results/h200x2/DEVICES.md; median 0.4%), and four
-# fresh-process sweeps by up to 10.8% (issue 23). 5% per file, added in quadrature to its rel_noise
-# as a newer file adds its own rerun_rel, makes the combined half-width of two such files 7.1%: it
-# holds the 6.7% between two runs of one commit, so the gate does not read it as a regression.
-LEGACY_RERUN_REL = 0.05
-
 # Two files whose SM clocks (the median over the compared records) differ by more than this are
 # said to differ: µs then mix the code's change with the clock's; --cycles compares µs x MHz.
 CLOCK_TOLERANCE = 0.02
-
-# Timer settings that decide how long a measurement runs, or only the half-width it states (rerun_rel,
-# noise: the run-to-run term and the model it comes from; each file's own is used), not what it
-# measures: they may differ between the two files. Every other key of provenance.timing (l2, groups,
-# placements, launches per graph, placement memory, ...) changes the number itself, and must agree
-# unless --allow-settings.
-NOISE_ONLY_SETTINGS = frozenset({"warmup", "min_replays", "max_replays", "max_seconds", "target_rel_noise",
-                                 "clock_drop", "clock_retries", "rerun_rel", "noise"})
 
 # Which way is better, per metric: a time (any *_us, cycles) or a ratio to a floor is better lower;
 # a throughput or a speed-up is better higher. A metric in neither is refused.
 HIGHER_IS_BETTER = frozenset({"gbps", "speedup", "tflops", "gflops"})
 LOWER_IS_BETTER = frozenset({"cycles", "x_floor", "x_empty", "x_floor_plus_empty", "over_empty_us"})
-
-COMPARE_RULE = (
-    "Per case (matched by case_id), d = (new - base) / base on the median per launch, and the noise "
-    "n = sqrt(nb² + nn²), where nb, nn are the two rows' stated half-widths: rel_noise, the ~95% "
-    "half-width of each median (McGill's notch, 1.57·IQR/√replays, over the median), with the "
-    "run-to-run term the record states (rerun_rel) or, for a record that states none (an older file), "
-    f"LEGACY_RERUN_REL = {LEGACY_RERUN_REL:g} added in quadrature. With t the threshold: FASTER or "
-    "SLOWER when |d| ≥ t and |d| > n (resolved from zero and at least t; for a higher-is-better metric "
-    "such as gbps a drop is SLOWER); SAME when |d| + n < t (any change is inside ±t); NOISY when "
-    "|d| ≤ n, both records state their run-to-run term (an older file's assumed floor does not count), "
-    "and the runs' within-run half-widths combined (w) are under t: each run is precise "
-    "enough to judge t, their difference is inside the run-to-run spread the files state, and that "
-    "spread (a case measured to move between processes or hosts by about t or more) cannot resolve a "
-    "change of t; UNCLEAR otherwise (a difference resolved from zero but not shown to reach t or to "
-    "stay under it, or runs too imprecise to judge t), and when a row has no noise estimate. "
-    "nvbench's compare calls a change SAME when |d| ≤ min(noise) of the two rows; this rule adds the "
-    "threshold so that a resolved but immaterial change stays SAME.")
-
 
 def metric_direction(metric: str) -> bool:
     """True when higher is better, False when lower is; UsageError for a metric of unknown direction."""
@@ -114,8 +81,10 @@ class CompareReport:
         return [r for r in self.rows if r.verdict == "SLOWER"]
 
     @property
-    def failed_in_new(self) -> list[CompareRow]:
-        return [r for r in self.rows if r.new_status not in ("ok", "unavailable")]
+    def failed_in_new(self) -> list[tuple[str, str, str]]:
+        """(case id, label, status) of each case that failed in NEW, matched in BASE or not."""
+        return ([(r.case_id, r.label, r.new_status) for r in self.rows if r.new_status not in ("ok", "unavailable")]
+                + [(r.case_id, r.label, r.status) for r in self.only_new if r.status not in ("ok", "unavailable")])
 
     @property
     def unclear(self) -> list[CompareRow]:
@@ -132,44 +101,45 @@ class CompareReport:
         ns = sorted(100 * (r.noise or 0) for r in self.noisy)
         span = f"±{ns[0]:.1f}%" if len(ns) == 1 else f"±{ns[0]:.1f}% to ±{ns[-1]:.1f}%"
         return (f"{len(self.noisy)} of {len(self.rows)} cases are NOISY: their difference is inside their stated "
-                f"noise ({span}), which cannot resolve a change of {100 * self.threshold:g}%, so the gate does not "
+                f"measured run-to-run noise ({span}), which cannot resolve a change of {100 * self.threshold:g}%, so the gate does not "
                 f"vouch for them at that threshold (e.g. {self.noisy[0].case_id} {self.noisy[0].label}: "
                 f"{100 * (self.noisy[0].diff or 0):+.2f}%)")
 
     def gate(self, *, allow_unclear: bool = False, strict_noise: bool = False) -> tuple[int, str]:
-        """The exit code of `--fail-on-regression` and why. Fails closed: 2 when the files cannot
-        support a verdict (nothing compared, a case of BASE missing from NEW, a matched case without
-        both times and noise estimates); else 1 when a case is SLOWER or failed in NEW; else 2 when a
-        case is UNCLEAR (a difference resolved from zero that can be neither confirmed to reach the
-        threshold nor ruled out) unless `allow_unclear`, or NOISY with `strict_noise` or when no case
-        is SAME or FASTER (a gate that can vouch for nothing does not pass); else 0. A NOISY case
-        passes (its difference is within the run-to-run noise both runs state) and is named in the
-        reason (noisy_note): the gate says which cases it could not resolve at the threshold."""
+        """The exit code of `--fail-on-regression` and why: 1 when a case failed in NEW (whether BASE
+        has it or not) or is SLOWER; else fails closed, 2 when the files cannot support a verdict
+        (nothing compared, a case of BASE missing from NEW, a matched case without both times and
+        judged half-widths), when a case is UNCLEAR (a difference resolved from zero that can be
+        neither confirmed to reach the threshold nor ruled out) unless `allow_unclear`, when a case is
+        NOISY with `strict_noise`, or when no case is SAME or FASTER (a gate that vouched for nothing
+        does not pass); else 0. A NOISY case passes (its difference is within the measured run-to-run noise of
+        both runs) and is named in the reason (noisy_note)."""
+        if self.failed_in_new:
+            cid, label, status = self.failed_in_new[0]
+            return 1, f"{len(self.failed_in_new)} cases failed in NEW ({cid} {label}: {status})"
+        if self.regressions:
+            return 1, f"{len(self.regressions)} cases are SLOWER"
         if not self.rows or all(r.new_status == r.base_status == "unavailable" for r in self.rows):
             return 2, "BASE and NEW share no measured case: nothing was compared"
         # a case unavailable in both files (its kernel source was on neither machine) was measured in
         # neither: nothing to vouch for, nothing lost; a case BASE timed and NEW could not is blind
-        blind = [r for r in self.rows if not r.judged and r.new_status in ("ok", "unavailable")
-                 and not (r.new_status == r.base_status == "unavailable")]
+        blind = [r for r in self.rows if not r.judged and not (r.new_status == r.base_status == "unavailable")]
         if blind:
             return 2, (f"{len(blind)} of {len(self.rows)} matched cases could not be judged "
                        f"({blind[0].case_id} {blind[0].label}: {blind[0].note or 'no verdict'})")
         if self.only_base:
             return 2, f"{len(self.only_base)} cases of BASE are not in NEW, so the gate cannot vouch for them"
-        if self.failed_in_new:
-            r = self.failed_in_new[0]
-            return 1, f"{len(self.failed_in_new)} cases failed in NEW ({r.case_id} {r.label}: {r.new_status})"
-        if self.regressions:
-            return 1, f"{len(self.regressions)} cases are SLOWER"
         if self.unclear and not allow_unclear:
             r = self.unclear[0]
             return 2, (f"{len(self.unclear)} of {len(self.rows)} cases are UNCLEAR (e.g. {r.case_id} {r.label}: "
                        f"{100 * (r.diff or 0):+.2f}% ± {100 * (r.noise or 0):.2f}%), so the gate cannot vouch for "
                        f"them at {100 * self.threshold:g}%; pass --allow-unclear to let them through, or raise "
                        "--threshold")
-        if self.noisy and (strict_noise or not any(r.verdict in ("SAME", "FASTER") for r in self.rows)):
-            return 2, self.noisy_note() + ("; --strict-noise fails them" if strict_noise else
-                                           "; it can vouch for no case at this threshold")
+        if self.noisy and strict_noise:
+            return 2, self.noisy_note() + "; --strict-noise fails them"
+        if not any(r.verdict in ("SAME", "FASTER") for r in self.rows):
+            return 2, (self.noisy_note() + "; it" if self.noisy else "no case is SAME or FASTER: the gate") + \
+                " can vouch for no case at this threshold"
         return 0, "no regression" + (f"; {self.noisy_note()}" if self.noisy else "")
 
     def summary(self) -> str:
@@ -186,64 +156,6 @@ class CompareReport:
             which = ", ".join(f"{k}={worst.params.get(k)}" for k in self.vary) or _short(worst.params)
             line += f"; worst regression {100 * worst.diff:+.1f}% ({worst.label} {which})"
         return line + f" (threshold {100 * self.threshold:g}%)"
-
-
-def record_noise(rec: Record) -> float | None:
-    """A row's relative uncertainty of its median, as the record states it: timing.rel_noise, else
-    1.57·IQR/√n/median from iqr_us and n_replays; None when neither is there (or it is not finite).
-    See `judged_noise` for the half-width compare uses."""
-    t = rec.timing
-    v = t.get("rel_noise")
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v) if math.isfinite(v) and v >= 0 else None
-    iqr, n, m = t.get("iqr_us"), t.get("n_replays"), t.get("median_us")
-    if all(isinstance(x, (int, float)) for x in (iqr, n, m)) and n >= 3 and m > 0:
-        return 1.57 * iqr / math.sqrt(n) / m
-    return None
-
-
-def states_rerun(rec: Record) -> bool:
-    """Whether the record's rel_noise already holds a run-to-run term (timing.rerun_rel)."""
-    v = rec.timing.get("rerun_rel")
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-
-
-def within_noise(rec: Record) -> float | None:
-    """The within-run part of a row's half-width (no run-to-run term): timing.rel_noise_within where
-    recorded, else rel_noise less the stated rerun_rel in quadrature; for an older file that states
-    no run-to-run term, its rel_noise."""
-    t = rec.timing
-    v = t.get("rel_noise_within")
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
-        return float(v)
-    rel = record_noise(rec)
-    if rel is None or not states_rerun(rec):
-        return rel
-    return within_part(rel, None, float(t["rerun_rel"]))
-
-
-def judged_noise(rec: Record) -> float | None:
-    """The half-width compare uses: the record's rel_noise where it states its run-to-run term,
-    else its within-run noise with LEGACY_RERUN_REL added in quadrature."""
-    n = record_noise(rec)
-    if n is None or states_rerun(rec):
-        return n
-    return math.hypot(n, LEGACY_RERUN_REL)
-
-
-def noise_model(records: list[Record]) -> str:
-    """How a file's half-widths are taken, in words."""
-    timed = [r for r in records if r.status == "ok" and record_noise(r) is not None]
-    stated = [r for r in timed if states_rerun(r)]
-    terms = sorted({float(r.timing["rerun_rel"]) for r in stated})
-    text = []
-    if stated:
-        text.append(f"{len(stated)} records state their run-to-run term (rerun_rel "
-                    f"{', '.join(f'{100 * x:g}%' for x in terms)}, in rel_noise)")
-    if len(stated) < len(timed):
-        text.append(f"{len(timed) - len(stated)} records state within-run noise only (an older moebench): "
-                    f"+{100 * LEGACY_RERUN_REL:g}% run-to-run floor in quadrature")
-    return "; ".join(text) or "no noise estimates"
 
 
 def record_mhz(rec: Record) -> float | None:
@@ -274,9 +186,15 @@ def add_cycles(records: list[Record], metric: str = "median_us") -> int:
 
 def classify(base: float, new: float, base_noise: float | None, new_noise: float | None,
              threshold: float, higher_is_better: bool = False, *,
-             within: tuple[float | None, float | None] | None = None) -> tuple[str, float, float | None]:
-    """(verdict, d, n) by COMPARE_RULE. `within`: the two rows' within-run half-widths; without
-    them a row's whole half-width counts as within-run, and no case is NOISY."""
+             within: tuple[float, float] | None = None) -> tuple[str, float, float | None]:
+    """(verdict, d, n): d = (new - base) / base, n = hypot of the two judged half-widths, t the
+    threshold. FASTER/SLOWER when |d| >= t and |d| > n (a drop is SLOWER for a higher-is-better
+    metric); SAME when |d| + n < t; NOISY when |d| <= n and the runs' within-run half-widths
+    combined are under t, given only where both run-to-run terms are measured (`within`): the
+    difference is inside the measured spread between runs, which cannot resolve t; else UNCLEAR
+    (resolved from zero but not shown to reach t or stay under it), and without a noise estimate.
+    nvbench calls a change SAME when |d| <= min(noise); the threshold keeps an immaterial but
+    resolved change SAME."""
     d = (new - base) / base
     if base_noise is None or new_noise is None:
         return "UNCLEAR", d, None
@@ -285,43 +203,9 @@ def classify(base: float, new: float, base_noise: float | None, new_noise: float
         return ("SLOWER" if (d > 0) != higher_is_better else "FASTER"), d, n
     if abs(d) + n < threshold:
         return "SAME", d, n
-    wb, wn = within if within is not None else (base_noise, new_noise)
-    n_within = math.hypot(wb if wb is not None else base_noise, wn if wn is not None else new_noise)
-    if abs(d) <= n and n_within < threshold:
+    if within is not None and abs(d) <= n and math.hypot(*within) < threshold:
         return "NOISY", d, n
     return "UNCLEAR", d, n
-
-
-def check_comparable(pb: dict, pn: dict, *, allow_settings: bool = False, allow_device: bool = False) -> list[str]:
-    """Refuse (UsageError, exit 2) two files timed on different devices or under timer settings
-    that change the numbers, unless allowed; returns notes on what was allowed to differ."""
-    notes = []
-    db, dn = pb.get("device") or {}, pn.get("device") or {}
-    dev = [k for k in ("name", "backend", "sm_count") if db.get(k) != dn.get(k)]
-    if dev:
-        what = (f"BASE ran on {db.get('name')} ({db.get('sm_count')} SMs), NEW on {dn.get('name')} "
-                f"({dn.get('sm_count')} SMs)")
-        if not allow_device:
-            raise UsageError(f"{what}: times of two devices are no gate; pass --allow-device to compare them anyway "
-                             "(--cycles compares in clock cycles)")
-        notes.append(f"{what}: a cross-device comparison (--allow-device)")
-    elif db.get("uuid") and dn.get("uuid") and db["uuid"] != dn["uuid"]:
-        notes.append(f"BASE and NEW ran on two GPUs of one model ({db['uuid'][:12]}, {dn['uuid'][:12]}): a kernel can "
-                     "time differently on two of them every time (measured on H200s: results/h200/TIMER.md, \"Four "
-                     "more hosts\"); each file's noise model covers that only where it was measured across GPUs")
-    tb, tn = pb.get("timing") or {}, pn.get("timing") or {}
-    keys = sorted((set(tb) | set(tn)) - NOISE_ONLY_SETTINGS)
-    sb = (pb.get("settings") or {}).get("switches") or {}
-    sn = (pn.get("settings") or {}).get("switches") or {}
-    diff = [f"{k}: {tb.get(k, 'absent')!r} -> {tn.get(k, 'absent')!r}" for k in keys if tb.get(k) != tn.get(k)]
-    diff += [f"${k}: {sb.get(k)!r} -> {sn.get(k)!r}" for k in sorted(set(sb) | set(sn)) if sb.get(k) != sn.get(k)]
-    if diff:
-        what = "the two files were timed under other settings (" + "; ".join(diff) + ")"
-        if not allow_settings:
-            raise UsageError(f"{what}: their numbers measure different things; pass --allow-settings to compare them "
-                             "anyway")
-        notes.append(f"{what} (--allow-settings)")
-    return notes
 
 
 GROUPS = ("timing", "work", "cross", "checks")
@@ -355,10 +239,11 @@ def check_times(records: list[Record], name: str, metric: str) -> None:
                              "must be a positive number")
 
 
-def compare_records(base: list[Record], new: list[Record], *, threshold: float = 0.05,
-                    metric: str = "median_us", cycles: bool = False) -> CompareReport:
-    """Per case SAME / FASTER / SLOWER / UNCLEAR by COMPARE_RULE, each file's half-widths by its own
-    noise model (judged_noise). `cycles`: compare a time metric in SM clock cycles (µs x MHz, each
+def compare_records(base: list[Record], new: list[Record], *, threshold: float = 0.05, metric: str = "median_us",
+                    cycles: bool = False, noise: tuple[FileNoise, FileNoise] | None = None) -> CompareReport:
+    """Per case SAME / FASTER / SLOWER / NOISY / UNCLEAR (classify). `noise`: each file's judged
+    half-widths (moebench.analysis.comparable.file_noise; default: from the records alone, every
+    run-to-run term assumed). `cycles`: compare a time metric in SM clock cycles (µs x MHz, each
     record's own clock) instead of µs; a record without a clock is then not judged."""
     check_times(base, "BASE", metric)
     check_times(new, "NEW", metric)
@@ -366,6 +251,7 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
     if cycles and not metric.endswith("_us"):
         raise UsageError(f"--cycles: compares a time (a *_us metric) in clock cycles; {metric!r} is not one")
     bmap, nmap = _by_case(base, "BASE"), _by_case(new, "NEW")
+    fb, fn = noise or (file_noise({}, base, None, name="BASE"), file_noise({}, new, None, name="NEW"))
     rows = []
     for cid, b in bmap.items():
         n = nmap.get(cid)
@@ -386,14 +272,15 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
         elif row.base_us <= 0:
             row.note = "BASE time is not positive"
         else:
-            # NOISY rests on a run-to-run term the records state (the timer's, or a measured model's);
-            # an older file's 5% floor is assumed, not measured: its cases stay UNCLEAR
-            within = (within_noise(b), within_noise(n)) if states_rerun(b) and states_rerun(n) else None
-            row.verdict, row.diff, row.noise = classify(row.base_us, row.new_us, judged_noise(b), judged_noise(n),
+            xb, xn = fb.by_case.get(cid), fn.by_case.get(cid)
+            # NOISY rests on measured run-to-run terms only: an assumed one never makes a case NOISY
+            within = (xb.within, xn.within) if xb and xn and xb.measured and xn.measured else None
+            row.verdict, row.diff, row.noise = classify(row.base_us, row.new_us, xb and xb.rel, xn and xn.rel,
                                                         threshold, higher, within=within)
             row.judged = row.noise is not None
             if row.noise is None:
-                row.note = "no noise estimate"
+                row.note = "no run-to-run term stated (rerun_rel) in " + " and ".join(
+                    s for s, x in (("BASE", xb), ("NEW", xn)) if x is None)
             notes = [f"{s} clock dropped" for s, r in (("BASE", b), ("NEW", n)) if r.timing.get("clock_ok") is False]
             if row.base_mhz and row.new_mhz and abs(row.new_mhz / row.base_mhz - 1) > CLOCK_TOLERANCE:
                 notes.append(f"clock {row.base_mhz:.0f} -> {row.new_mhz:.0f} MHz")
@@ -404,15 +291,34 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
     only_new = [n for cid, n in nmap.items() if cid not in bmap]
     vary = [k for k in varying_keys([bmap[r.case_id] for r in rows]) if k != "label"]
     rep = CompareReport(rows, only_base, only_new, threshold, metric, vary, higher_is_better=higher, cycles=cycles,
-                        noise_models={"BASE": noise_model(base), "NEW": noise_model(new)})
-    rep.notes += _clock_notes(rows, cycles)
+                        noise_models={"BASE": fb.describe(), "NEW": fn.describe()})
+    rep.notes += fb.notes + fn.notes + _clock_notes(rows, cycles)
     return rep
+
+
+def compare_files(base: Path, new: Path, *, threshold: float = 0.05, metric: str = "median_us", cycles: bool = False,
+                  noise: str = "auto", allow_settings: bool = False, allow_device: bool = False,
+                  allow_foreign_model: bool = False) -> tuple[CompareReport, list[str]]:
+    """`moebench compare BASE NEW`: the two files read, held to the comparability rule
+    (check_comparable), each record's noise judged (file_noise) and widened to `noise`'s model
+    (model_for), then compared; returns the report and the notes a reader must see first."""
+    pb, rb = read_results(base)
+    pn, rn = read_results(new)
+    notes = check_comparable(pb, pn, allow_settings=allow_settings, allow_device=allow_device)
+    judged = []
+    for name, path, prov, recs in (("BASE", base, pb, rb), ("NEW", new, pn, rn)):
+        fnoise = file_noise(prov, recs, path, name=name, allow_foreign=allow_foreign_model)
+        model, line = model_for(noise, prov, allow_foreign=allow_foreign_model)
+        fnoise.restate(model, f"--noise {noise}")
+        judged.append(fnoise)
+        notes += [f"{name}: {line}"] if line else []
+    if pb.get("spec_sha256") and pn.get("spec_sha256") and pb["spec_sha256"] != pn["spec_sha256"]:
+        notes.append("the two runs come from different spec files (sha256 differs); cases are matched by case_id")
+    return compare_records(rb, rn, threshold=threshold, metric=metric, cycles=cycles, noise=(judged[0], judged[1])), notes
 
 
 def _clock_notes(rows: list[CompareRow], cycles: bool) -> list[str]:
     """Whether the two files ran at other SM clocks (the median over the matched records)."""
-    import statistics
-
     cb = [r.base_mhz for r in rows if r.base_mhz]
     cn = [r.new_mhz for r in rows if r.new_mhz]
     if not cb or not cn:

@@ -34,6 +34,11 @@ from typing import Sequence
 import numpy as np
 
 
+# the permutation rows are scored this many bytes of work arrays at a time: memory is bounded by
+# the longest segment (about 80 bytes x n² for one row), not by n² x the permutations
+CHUNK_BYTES = 64 * 2**20
+
+
 @dataclass(frozen=True)
 class ChangePoint:
     index: int  # the first value after the change
@@ -74,11 +79,14 @@ def _best(values: np.ndarray, bounds: list[tuple[int, int]], alpha: float, min_s
     for s, (a, b) in enumerate(bounds):
         if b - a < 2 * min_size:
             continue
-        q = _q_all(z[:, a:b], alpha, min_size)
-        t = q.argmax(1)
-        qt = q[np.arange(z.shape[0]), t]
-        better = qt > best_q
-        best_q[better], best_s[better], best_t[better] = qt[better], s, t[better]
+        rows = max(1, CHUNK_BYTES // (80 * (b - a + 1) ** 2))  # _q_all holds ~10 arrays of rows x (n+1)² floats
+        for lo in range(0, z.shape[0], rows):
+            q = _q_all(z[lo:lo + rows, a:b], alpha, min_size)
+            t = q.argmax(1)
+            qt = q[np.arange(q.shape[0]), t]
+            better = np.zeros(z.shape[0], dtype=bool)
+            better[lo:lo + rows] = qt > best_q[lo:lo + rows]
+            best_q[better], best_s[better], best_t[better] = qt[better[lo:lo + rows]], s, t[better[lo:lo + rows]]
     return best_q, best_s, best_t
 
 

@@ -3,30 +3,33 @@
 The store is one SQLite file (the standard library's sqlite3): no new dependency; WAL journaling
 and one IMMEDIATE transaction per added file, so several `history add` at once each land whole and
 none is lost (a writer waits up to `BUSY_S` for another); one file that can be committed beside the
-results it summarises (the last connection to close folds the WAL back into it).
+results it summarises. A database holding anything moebench did not create (a trigger, a view,
+another table or index, a table of another definition) is refused on open: SQL stored in a file
+never runs.
 
 Tables (schema version `SCHEMA_VERSION`, kept in `meta`; a file of another version is refused):
+meta(key, value); runs, one row per run with its provenance (device, driver, CUDA, torch, triton,
+clocks, commit, spec hash, its settings as the comparability rule reads them, command, timestamp
+and that instant in UTC); records, one row per record (case id, variant, status, median, the noise
+fields as `compare` judges them, timer, estimator, L2 state, SM clocks, a fingerprint of its
+measurement, the record as JSON). Values are typed on the way in (exit 2 naming the key).
 
-- meta(key, value): app = moebench-history, schema_version.
-- runs: one row per results file, keyed by its run id (provenance.run_id when a run states one,
-  else the SHA-256 of the file's provenance and records, so adding a file twice adds it once), with
-  its provenance: device, driver, CUDA, torch, triton, SM/memory clocks, commit, spec hash, timing
-  settings (the method), cross checks, command, timestamp, and the whole provenance as JSON.
-- records: one row per record of a run: case id, variant, status, median, the noise fields
-  (rel_noise = the stated ~95% half-width as a fraction; rel_noise_within; rerun_rel), timer,
-  estimator, L2 state, the SM clock at the start and end of its timing, and the record as JSON.
+One run is one run: a stream and its final file, or a resumed run, share measurements (records of
+one fingerprint: the case and its timing group); the file holding more timed records is kept. A/B
+files and files with two records of a case are not sweep runs.
 
-`check` runs E-divisive means (moebench.analysis.edivisive) on each case's series of medians, in
-run order (the run's timestamp, then the order added), and labels every change point:
+`check` runs E-divisive means (moebench.analysis.edivisive) on each case's series of medians in run
+order (UTC instant, then the order added), over its last `WINDOW` timed runs, and labels every
+change point:
 
-- hardware/driver change: device, driver, CUDA, torch, triton or the SM/memory clock differ between
-  the runs on either side of the step;
-- method change: the timing method or its settings differ there;
+- hardware/driver change: the device, driver, CUDA, torch, triton or the SM/memory clock differ
+  between the runs on either side of the step;
+- method change: the timer, estimator or L2 state, or a setting that changes the number (the
+  comparability rule: a noise-only setting is not one);
 - noise: the step lies within the stated intervals: [m(1-r), m(1+r)] before and after overlap,
   m the median of a side's medians and r the median of its rel_noise, or, where wider, the runs'
   own scatter: 1.96 * s / sqrt(k) / m, s the robust sd (1.4826 * median absolute residual about
-  each side's median) pooled over both sides, k the side's runs;
-- noise too: a step smaller than `min_step` (default 1%, `--min-step`);
+  each side's median) pooled over both sides, k the side's runs; or a step under `min_step`;
 - real: otherwise, a regression (slower after) or an improvement.
 
 Nothing here prints, imports torch or runs a kernel.
@@ -38,17 +41,24 @@ import hashlib
 import json
 import math
 import sqlite3
+import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from moebench.analysis.comparable import differences, file_noise, model_for, settings_of
+from moebench.core.noise import restated
+from moebench.core.stats import median
+from moebench.core.text import varying
 from moebench.errors import UsageError
 
 APP = "moebench-history"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_S = 60.0
+INT64 = 2**63 - 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -59,6 +69,7 @@ CREATE TABLE IF NOT EXISTS runs (
     source TEXT,
     sweep TEXT,
     timestamp TEXT,
+    utc TEXT NOT NULL,
     git_commit TEXT,
     spec_sha256 TEXT,
     device_name TEXT,
@@ -69,7 +80,7 @@ CREATE TABLE IF NOT EXISTS runs (
     triton TEXT,
     sm_clock_max_mhz INTEGER,
     mem_clock_max_mhz INTEGER,
-    timing_settings TEXT,
+    settings TEXT,
     cross_checks TEXT,
     command TEXT,
     provenance TEXT NOT NULL
@@ -93,10 +104,12 @@ CREATE TABLE IF NOT EXISTS records (
     l2 TEXT,
     sm_clock_start_mhz INTEGER,
     sm_clock_end_mhz INTEGER,
+    fingerprint TEXT,
     record TEXT NOT NULL,
     PRIMARY KEY (run_id, idx)
 );
 CREATE INDEX IF NOT EXISTS records_case ON records (sweep, case_id);
+CREATE INDEX IF NOT EXISTS records_fingerprint ON records (fingerprint);
 """
 
 # ============================================================================ the database
@@ -110,8 +123,8 @@ def _refuse(path: Path, why: str) -> UsageError:
 def open_db(path: Path | str, *, create: bool = False) -> Iterator[sqlite3.Connection]:
     """A connection to a history database, its schema checked. `create`: make the file (and its
     schema) when missing; otherwise a missing file is a UsageError. A file that is not SQLite, a
-    SQLite file that is not a moebench history, or a history of another schema version is refused
-    with one line (UsageError, exit 2)."""
+    SQLite file that is not a moebench history, a history of another schema version, or one holding
+    objects moebench did not create, is refused with one line (UsageError, exit 2)."""
     path = Path(path)
     if path.is_dir():
         raise _refuse(path, "is a directory, expected a history database file")
@@ -126,6 +139,7 @@ def open_db(path: Path | str, *, create: bool = False) -> Iterator[sqlite3.Conne
     try:
         try:
             con.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
+            con.execute("PRAGMA trusted_schema = OFF")
             _check_or_init(con, path, create)
         except sqlite3.DatabaseError as e:
             raise _refuse(path, f"not a moebench history database ({e})") from None
@@ -134,27 +148,46 @@ def open_db(path: Path | str, *, create: bool = False) -> Iterator[sqlite3.Conne
         con.close()
 
 
+def _objects(con: sqlite3.Connection) -> set[tuple[str, str, str]]:
+    return {(t, n, " ".join((sql or "").split())) for t, n, sql in
+            con.execute("SELECT type, name, sql FROM sqlite_master")}
+
+
+def _expected() -> set[tuple[str, str, str]]:
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(_SCHEMA)
+        return _objects(mem)
+    finally:
+        mem.close()
+
+
 def _check_or_init(con: sqlite3.Connection, path: Path, create: bool) -> None:
-    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if not tables and create:
+    found = _objects(con)
+    if not found and create:
         con.execute("PRAGMA journal_mode = WAL")
         with _write(con):
-            if not {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}:
+            if not _objects(con):
                 for stmt in _SCHEMA.split(";"):
                     if stmt.strip():
                         con.execute(stmt)
                 con.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
                                 [("app", APP), ("schema_version", str(SCHEMA_VERSION))])
-        tables = {"meta"}
-    if "meta" not in tables:
+        found = _objects(con)
+    if ("table", "meta") not in {(t, n) for t, n, _ in found}:
         raise _refuse(path, "a SQLite database but not a moebench history (no meta table)")
     meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
     if meta.get("app") != APP:
-        raise _refuse(path, f"a SQLite database but not a moebench history (meta.app is {meta.get('app')!r}, "
+        raise _refuse(path, f"a SQLite database but not a moebench history (meta.app is {str(meta.get('app'))[:40]!r}, "
                             f"expected {APP!r})")
     if meta.get("schema_version") != str(SCHEMA_VERSION):
-        raise _refuse(path, f"history schema_version {meta.get('schema_version')!r}; this moebench reads version "
-                            f"{SCHEMA_VERSION} only")
+        raise _refuse(path, f"history schema_version {str(meta.get('schema_version'))[:20]!r}; this moebench reads "
+                            f"version {SCHEMA_VERSION} only (add the results files to a new database)")
+    extra = sorted(found - _expected())
+    if extra:
+        t, n, _ = extra[0]
+        raise _refuse(path, f"holds {len(extra)} object(s) moebench did not create (e.g. {t} {n[:40]!r}); a history "
+                            "database holds its own tables only, and SQL stored in one is never run")
 
 
 @contextmanager
@@ -172,17 +205,61 @@ def _write(con: sqlite3.Connection) -> Iterator[None]:
 def run_id(prov: dict, records: Sequence[Any]) -> str:
     """The run's own id if it states one, else a hash of what it holds."""
     if isinstance(prov.get("run_id"), str) and prov["run_id"]:
-        return prov["run_id"]
+        return prov["run_id"][:64]
     blob = json.dumps({"provenance": prov, "records": [r.to_json() for r in records]}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+def fingerprint(rec: Any) -> str | None:
+    """The hash of a timed record's case and measurement (its timing group): equal in a run's stream,
+    its final file and a run resumed from them; None for a record without a median."""
+    if rec.status != "ok" or rec.timing.get("median_us") is None:
+        return None
+    return hashlib.sha256(json.dumps([rec.case_id, rec.timing], sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def utc_instant(ts: Any) -> str | None:
+    """A stamp with its UTC offset (2026-12-01T17:06:05+0000, or -05:00, or Z) as the UTC instant
+    2026-12-01T17:06:05Z, which sorts as time does; None when it is not one."""
+    try:
+        t = datetime.fromisoformat(ts.strip())
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if t.tzinfo else None
 
 
 def _js(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
+
+
+class _Typed:
+    """Values read from a results file, typed for the database on the way in: a wrong type or an
+    integer SQLite cannot hold is a UsageError naming the file and the key (exit 2)."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def bad(self, key: str, want: str, v: Any) -> UsageError:
+        return UsageError(f"{self.source}: {key}: expected {want}, got {json.dumps(v, default=str)[:60]}")
+
+    def text(self, v: Any, key: str) -> str | None:
+        if v is None or isinstance(v, str):
+            return v
+        raise self.bad(key, "text", v)
+
+    def integer(self, v: Any, key: str) -> int | None:
+        if v is None:
+            return None
+        if isinstance(v, float) and math.isfinite(v) and v == int(v):
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or abs(v) > INT64:
+            raise self.bad(key, "an integer", v)
+        return v
+
+    def time(self, v: Any, key: str) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise self.bad(key, "a time > 0 (µs)", v)
+        return float(v)
 
 
 @dataclass
@@ -191,34 +268,65 @@ class Added:
     run_id: str
     records: int
     new: bool  # False: the run was already in the database (nothing added)
+    replaced: list[str] = field(default_factory=list)  # runs it replaces (the same run, fewer measurements)
+    same_as: str | None = None  # the stored run it is part of, when not new
+    notes: list[str] = field(default_factory=list)
 
 
 def add_results(con: sqlite3.Connection, source: str, prov: dict, records: Sequence[Any]) -> Added:
-    """Store one results file (its provenance and every record) in one transaction; a run already
-    stored (same run id) is left as it is."""
-    rid = run_id(prov, records)
+    """Store one results file (its provenance and every record) in one transaction. The same run
+    (a shared measurement: `fingerprint`) is stored once, as the file holding more timed records."""
+    ty = _Typed(source)
+    if "ab" in prov or len({r.case_id for r in records}) < len(records):
+        raise UsageError(f"{source}: an A/B file or one with several records of a case (one per arm and iteration), "
+                         "not a sweep run; history stores sweep runs")
+    utc = utc_instant(prov.get("timestamp"))
+    if utc is None:
+        raise ty.bad("provenance.timestamp", "the run's start as an ISO time with its UTC offset",
+                     prov.get("timestamp"))
     dev = prov.get("device") if isinstance(prov.get("device"), dict) else {}
+    settings = settings_of(prov)
+    fnoise = file_noise(prov, records, source, name=source)
+    rid = run_id(prov, records)
+    row = (rid, ty.text(source, "source"), ty.text(prov.get("sweep"), "provenance.sweep"), ty.text(prov.get("timestamp"),
+           "provenance.timestamp"), utc, ty.text(prov.get("git_commit"), "provenance.git_commit"),
+           ty.text(prov.get("spec_sha256"), "provenance.spec_sha256"),
+           ty.text(settings["device"].get("name"), "provenance.device.name"),
+           *(ty.text(dev.get(k), f"provenance.device.{k}") for k in ("slug", "driver", "cuda", "torch", "triton")),
+           *(ty.integer(dev.get(k), f"provenance.device.{k}") for k in ("sm_clock_max_mhz", "mem_clock_max_mhz")),
+           _js(settings), _js(prov.get("cross_checks")), ty.text(prov.get("command"), "provenance.command"), _js(prov))
+    rows, prints = [], []
+    for i, r in enumerate(records):
+        t, key = r.timing or {}, f"records[{i}].timing"
+        med = ty.time(t.get("median_us"), f"{key}.median_us") if r.status == "ok" and "median_us" in t else None
+        x = fnoise.by_case.get(r.case_id) if med is not None else None
+        fp = fingerprint(r)
+        prints += [fp] if fp else []
+        rows.append((rid, i, r.sweep, r.family, r.case_id, r.variant, r.label, r.status, _js(r.params), med,
+                     x and x.rel, x and x.within, x and x.term, ty.text(t.get("timer"), f"{key}.timer"),
+                     ty.text(t.get("estimator"), f"{key}.estimator"), ty.text(t.get("l2"), f"{key}.l2"),
+                     ty.integer(t.get("sm_clock_start_mhz"), f"{key}.sm_clock_start_mhz"),
+                     ty.integer(t.get("sm_clock_end_mhz"), f"{key}.sm_clock_end_mhz"), fp, _js(r.to_json())))
     with _write(con):
         if con.execute("SELECT 1 FROM runs WHERE run_id = ?", (rid,)).fetchone():
-            return Added(source, rid, len(records), False)
+            return Added(source, rid, len(records), False, same_as=rid, notes=fnoise.notes)
+        same: dict[str, int] = {}
+        for k in range(0, len(prints), 500):
+            chunk = prints[k:k + 500]
+            q = f"SELECT DISTINCT run_id FROM records WHERE fingerprint IN ({','.join('?' * len(chunk))})"
+            for (other,) in con.execute(q, chunk):
+                same[other] = con.execute("SELECT COUNT(fingerprint) FROM records WHERE run_id = ?",
+                                          (other,)).fetchone()[0]
+        if same and max(same.values()) >= len(prints):
+            return Added(source, rid, len(records), False, same_as=max(same, key=same.get), notes=fnoise.notes)
+        for other in same:
+            con.execute("DELETE FROM records WHERE run_id = ?", (other,))
+            con.execute("DELETE FROM runs WHERE run_id = ?", (other,))
         seq = con.execute("SELECT COALESCE(MAX(added_seq), 0) + 1 FROM runs").fetchone()[0]
-        con.execute(
-            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (rid, seq, time.strftime("%Y-%m-%dT%H:%M:%S%z"), source, prov.get("sweep"), prov.get("timestamp"),
-             prov.get("git_commit"), prov.get("spec_sha256"), dev.get("name"), dev.get("slug"), dev.get("driver"),
-             dev.get("cuda"), dev.get("torch"), dev.get("triton"), dev.get("sm_clock_max_mhz"),
-             dev.get("mem_clock_max_mhz"), _js(prov.get("timing")), _js(prov.get("cross_checks")),
-             prov.get("command"), _js(prov)))
-        rows = []
-        for i, r in enumerate(records):
-            t = r.timing or {}
-            rows.append((rid, i, r.sweep, r.family, r.case_id, r.variant, r.label, r.status, _js(r.params),
-                         _num(t.get("median_us")) if r.status == "ok" else None, _num(t.get("rel_noise")),
-                         _num(t.get("rel_noise_within")), _num(t.get("rerun_rel")), t.get("timer"),
-                         t.get("estimator"), t.get("l2"), t.get("sm_clock_start_mhz"), t.get("sm_clock_end_mhz"),
-                         _js(r.to_json())))
-        con.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    return Added(source, rid, len(records), True)
+        con.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (rid, seq, time.strftime("%Y-%m-%dT%H:%M:%S%z"), *row[1:]))
+        con.executemany("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    return Added(source, rid, len(records), True, replaced=sorted(same), notes=fnoise.notes)
 
 
 # ============================================================================ series
@@ -263,16 +371,21 @@ class Series:
 
 _SELECT = """
 SELECT r.sweep, r.case_id, r.variant, r.label, r.params, r.status, r.median_us, r.rel_noise, r.rel_noise_within,
-       r.rerun_rel, r.timer, r.estimator,
-       r.l2, r.sm_clock_start_mhz, g.run_id, g.timestamp, g.git_commit, g.device_name, g.driver, g.cuda, g.torch,
-       g.triton, g.sm_clock_max_mhz, g.mem_clock_max_mhz, g.timing_settings, g.source, r.record
+       r.rerun_rel, r.timer, r.estimator, r.l2, r.sm_clock_start_mhz, g.run_id, g.timestamp, g.git_commit
 FROM records r JOIN runs g ON g.run_id = r.run_id
 """
+_RUNS = """SELECT run_id, device_name, driver, cuda, torch, triton, sm_clock_max_mhz, mem_clock_max_mhz, settings, source
+FROM runs"""
 
 
 def series(con: sqlite3.Connection, *, sweep: str | None = None, case: str | None = None) -> list[Series]:
-    """Every case's series in run order (timestamp, then the order added). `case`: a case id or
-    its prefix; `sweep`: one sweep only."""
+    """Every case's series in run order (the UTC instant, then the order added). `case`: a case id
+    or its prefix; `sweep`: one sweep only. A run's hardware and settings are read once and shared
+    by its points."""
+    runs = {}
+    for rid, dev, drv, cuda, torch_v, triton_v, smax, mmax, settings, src in con.execute(_RUNS):
+        runs[rid] = ({"device": dev, "driver": drv, "cuda": cuda, "torch": torch_v, "triton": triton_v,
+                      "sm_clock_max_mhz": smax, "mem_clock_max_mhz": mmax}, json.loads(settings or "{}"), src)
     where, args = [], []
     if sweep:
         where.append("r.sweep = ?")
@@ -281,19 +394,43 @@ def series(con: sqlite3.Connection, *, sweep: str | None = None, case: str | Non
         where.append("r.case_id LIKE ?")
         args.append(case.replace("%", "").replace("_", "") + "%")
     q = _SELECT + (" WHERE " + " AND ".join(where) if where else "") + \
-        " ORDER BY r.sweep, r.case_id, COALESCE(g.timestamp, ''), g.added_seq, r.idx"
+        " ORDER BY r.sweep, r.case_id, g.utc, g.added_seq, r.idx"
     out: dict[tuple, Series] = {}
-    for (sw, cid, var, lab, params, status, med, rel, within, rerun, timer, est, l2, clk, rid, ts, commit, dev, drv,
-         cuda, torch_v, triton_v, smax, mmax, tset, src, rec) in con.execute(q, args):
-        s = out.setdefault((sw, cid), Series(sw, cid, var, lab, json.loads(params or "{}")))
-        hw = {"device": dev, "driver": drv, "cuda": cuda, "torch": torch_v, "triton": triton_v,
-              "sm_clock_max_mhz": smax, "mem_clock_max_mhz": mmax, "sm_clock_mhz": clk}
-        method = {"timer": timer, "estimator": est, "l2": l2, "settings": json.loads(tset or "null")}
-        if s.points and s.points[-1].run_id == rid:  # a case twice in one run (resumed): keep the last
-            s.points.pop()
-        s.points.append(Point(rid, ts, commit, med if status == "ok" else None, rel, status, hw, method, src,
-                              within, rerun))
+    for (sw, cid, var, lab, params, status, med, rel, within, rerun, timer, est, l2, clk, rid, ts,
+         commit) in con.execute(q, args):
+        s = out.get((sw, cid))
+        if s is None:
+            s = out[(sw, cid)] = Series(sw, cid, var, lab, json.loads(params or "{}"))
+        hw, settings, src = runs[rid]
+        method = {"timer": timer, "estimator": est, "l2": l2, "settings": settings}
+        s.points.append(Point(rid, ts, commit, med if status == "ok" else None, rel, status,
+                              {**hw, "sm_clock_mhz": clk}, method, src, within, rerun))
     return list(out.values())
+
+
+def order_notes(con: sqlite3.Connection, repo: Path | None = None) -> list[str]:
+    """Where the runs' time order and their commits' ancestry disagree: a run whose commit is a
+    strict ancestor of an earlier run's commit (both in the git repository at `repo`, default the
+    working directory; commits it does not hold are not judged). The runs stay in time order."""
+    runs = con.execute("SELECT git_commit, timestamp FROM runs ORDER BY utc, added_seq").fetchall()
+    commits = [c for c, _ in runs]
+    distinct = sorted({c for c in commits if isinstance(c, str) and c and c.isalnum()})
+    if len(distinct) < 2:
+        return []
+    try:
+        r = subprocess.run(["git", "cat-file", "--batch-check"], input="\n".join(distinct) + "\n", cwd=repo,
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    known = {c for c, line in zip(distinct, r.stdout.splitlines()) if line.split()[1:2] == ["commit"]}
+    out = []
+    for i in range(1, len(runs)):
+        (a, ta), (b, tb) = runs[i - 1], runs[i]
+        if a in known and b in known and a != b and subprocess.run(
+                ["git", "merge-base", "--is-ancestor", b, a], cwd=repo, capture_output=True).returncode == 0:
+            out.append(f"runs {i} and {i + 1}: time order and commit ancestry disagree ({b[:10]}, run {i + 1} at {tb}, "
+                       f"is an ancestor of {a[:10]}, run {i} at {ta}); the runs are ordered by time")
+    return out
 
 
 # ============================================================================ change points
@@ -333,20 +470,14 @@ class Change:
         return self.label == REAL and self.direction == "regression"
 
 
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
 def spread(*sides: Sequence[Point]) -> float:
     """A robust sd of one run's median about its side's median, pooled over the sides (so a side of
     two runs borrows the other's): 1.4826 * the median absolute residual; 0 with fewer than 4 runs."""
     res = []
     for side in sides:
-        m = _median([x.median_us for x in side])
+        m = median([x.median_us for x in side])
         res += [abs(x.median_us - m) for x in side]
-    return 1.4826 * _median(res) if len(res) >= 4 else 0.0
+    return 1.4826 * median(res) if len(res) >= 4 else 0.0
 
 
 def _differs(a: dict, b: dict, keys: Sequence[str]) -> list[str]:
@@ -363,13 +494,11 @@ def _differs(a: dict, b: dict, keys: Sequence[str]) -> list[str]:
 
 
 def _method_diff(a: dict, b: dict) -> list[str]:
+    """The timing method (timer, estimator, L2 state) or a setting that changes the number (the
+    comparability rule: a noise-only setting is not a method change)."""
     out = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in ("timer", "estimator", "l2") if a.get(k) != b.get(k)]
-    sa, sb = a.get("settings") or {}, b.get("settings") or {}
-    if isinstance(sa, dict) and isinstance(sb, dict):
-        out += [f"timing.{k} {sa.get(k)!r} -> {sb.get(k)!r}" for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
-    elif sa != sb:
-        out.append("timing settings differ")
-    return out
+    return out + [f"timing.{d}" if not d.startswith("$") else d
+                  for d in differences(a.get("settings") or {}, b.get("settings") or {}).number]
 
 
 HARDWARE_KEYS = ("device", "driver", "cuda", "torch", "triton", "sm_clock_max_mhz", "mem_clock_max_mhz", "sm_clock_mhz")
@@ -378,14 +507,14 @@ HARDWARE_KEYS = ("device", "driver", "cuda", "torch", "triton", "sm_clock_max_mh
 def label_change(s: Series, pts: list[Point], lo: int, k: int, hi: int, p: float, min_step: float = 0.0) -> Change:
     """Label the step at pts[k] between the segments pts[lo:k] and pts[k:hi] (timed points only)."""
     before, after = pts[lo:k], pts[k:hi]
-    mb, ma = _median([x.median_us for x in before]), _median([x.median_us for x in after])
+    mb, ma = median([x.median_us for x in before]), median([x.median_us for x in after])
     rb_list = [x.rel_noise for x in before if x.rel_noise is not None]
     ra_list = [x.rel_noise for x in after if x.rel_noise is not None]
     # each side's half-width: the stated one, or the runs' own scatter about their median where
     # that is wider (runs of one commit in fresh processes spread further than one run states)
     sd = spread(before, after)
-    rb = max(_median(rb_list), 1.96 * sd / math.sqrt(len(before)) / mb) if rb_list else None
-    ra = max(_median(ra_list), 1.96 * sd / math.sqrt(len(after)) / ma) if ra_list else None
+    rb = max(median(rb_list), 1.96 * sd / math.sqrt(len(before)) / mb) if rb_list else None
+    ra = max(median(ra_list), 1.96 * sd / math.sqrt(len(after)) / ma) if ra_list else None
     direction = "regression" if ma > mb else "improvement"
     hw = _differs(pts[k - 1].hardware, pts[k].hardware, HARDWARE_KEYS)
     method = _method_diff(pts[k - 1].method, pts[k].method)
@@ -410,11 +539,12 @@ def label_change(s: Series, pts: list[Point], lo: int, k: int, hi: int, p: float
 
 
 def changes(s: Series, *, sig: float = 0.05, permutations: int = 199, seed: int = 0,
-            min_step: float = MIN_STEP) -> list[Change]:
-    """E-divisive change points of the series' medians (timed points only), each labelled."""
+            min_step: float = MIN_STEP, window: int = 0) -> list[Change]:
+    """E-divisive change points of the series' medians (timed points only; with `window`, its last
+    `window` of them), each labelled."""
     from moebench.analysis.edivisive import e_divisive
 
-    pts = [x for x in s.points if x.median_us is not None]
+    pts = [x for x in s.points if x.median_us is not None][-window if window else None:]
     if len(pts) < 4:
         return []
     cps = e_divisive([x.median_us for x in pts], sig=sig, permutations=permutations, seed=seed)
@@ -422,46 +552,47 @@ def changes(s: Series, *, sig: float = 0.05, permutations: int = 199, seed: int 
     return [label_change(s, pts, cuts[i], cuts[i + 1], cuts[i + 2], cps[i].p, min_step) for i in range(len(cps))]
 
 
+# the change point search runs over each series' last WINDOW timed runs: its memory grows with the
+# square of the window (about 100 bytes x WINDOW² per series at a time), not of the history
+WINDOW = 100
+
+
 @dataclass
 class CheckReport:
     checked: int  # series with enough points
     short: int  # series with fewer than 4 timed points
     changes: list[Change]
+    unmeasured: list[Series] = field(default_factory=list)  # checked series whose latest run timed nothing
 
     @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.regression]
 
+    def gate(self) -> tuple[int, str]:
+        """The exit code of `history check` and why: 1 on a real regression; 2 when it vouched for
+        nothing (no series with 4 timed runs) or a series' latest run timed nothing (it failed or
+        was not measured); else 0."""
+        if self.regressions:
+            c = self.regressions[0]
+            return 1, (f"{len(self.regressions)} real regression(s), first {c.series.case_id} at run {c.index + 1} "
+                       f"({(c.at.commit or '?')[:10]}), {100 * c.step:+.2f}%")
+        if not self.checked:
+            return 2, (f"no series has 4 timed runs ({self.short} with fewer): the check vouched for nothing; add "
+                       "more runs")
+        if self.unmeasured:
+            s = self.unmeasured[0]
+            last = s.points[-1]
+            return 2, (f"{len(self.unmeasured)} series have no time in their latest run (e.g. {s.case_id}: run "
+                       f"{len(s.points)}, commit {(last.commit or '?')[:10]}, {last.status}): the check cannot vouch "
+                       "for the latest runs")
+        return 0, "no real regression"
 
-def restate(all_series: Sequence[Series], model) -> int:
-    """Re-state every point's interval with a device noise model (moebench.core.noise.NoiseModel):
-    the within-run half-width with max(the stated run-to-run term, the model's term for the case) in
-    quadrature, as the timer states it when the model is in force. Runs made before a model existed
-    state only the default term, which the between-process (and between-commit) spread of some
-    cases exceeds. Returns how many points were re-stated."""
-    from moebench.core.noise import restated
 
-    n = 0
-    for s in all_series:
-        if s.case_id not in model.cases:
-            continue
-        for x in s.points:
-            if x.rel_noise is None:
-                continue
-            x.rel_noise = restated(x.rel_noise, x.rel_noise_within, x.rerun_rel, model, s.case_id)
-            n += 1
-    return n
-
-
-def restate_with(all_series: Sequence[Series], setting: str = "auto") -> list[str]:
-    """Re-state each sweep's intervals with its device noise model (`restate`): `auto` finds
-    results/<device>/noise/<sweep>.json of the repository for the one device a sweep's runs were
-    timed on (moebench.core.noise.resolve: another device's model is ignored), `none` keeps the
-    stated intervals, anything else is a model file for every sweep. Returns one line per sweep
-    saying what was used."""
-    from moebench.core.noise import load, resolve
-    from moebench.core.text import slugify
-
+def restate_with(all_series: Sequence[Series], setting: str = "auto", *, allow_foreign: bool = False) -> list[str]:
+    """Re-state each sweep's intervals with a device noise model, as `compare --noise` does
+    (moebench.analysis.comparable.model_for: auto, none or a model file of the sweep's one device):
+    each point's within-run half-width with max(its run-to-run term, the model's for the case) in
+    quadrature, as the timer states it with the model in force. One line per sweep says what was used."""
     if setting == "none":
         return []
     by_sweep: dict[str, list[Series]] = {}
@@ -469,41 +600,44 @@ def restate_with(all_series: Sequence[Series], setting: str = "auto") -> list[st
         by_sweep.setdefault(s.sweep, []).append(s)
     lines = []
     for sweep, group in sorted(by_sweep.items()):
-        if setting != "auto":
-            model = load(Path(setting))
-        else:
-            devices = {x.hardware.get("device") for s in group for x in s.points if x.hardware.get("device")}
-            if len(devices) != 1:
-                lines.append(f"{sweep}: no noise model ({len(devices)} devices in its runs): stated intervals")
-                continue
-            (name,) = devices
-            choice = resolve("auto", sweep=sweep, device_name=name, device_slug=slugify(name))
-            model = choice.model
-            if model is None:
-                lines.append(f"{sweep}: no noise model for {name}" + (f" ({choice.note})" if choice.note else "")
-                             + ": stated intervals")
-                continue
-        n = restate(group, model)
-        lines.append(f"{sweep}: intervals re-stated with {model.describe()} ({n} runs of the cases it holds)")
+        devices = {x.hardware.get("device") for s in group for x in s.points if x.hardware.get("device")}
+        if len(devices) != 1:
+            lines.append(f"{sweep}: no noise model ({len(devices)} devices in its runs): stated intervals")
+            continue
+        model, note = model_for(setting, {"sweep": sweep, "device": {"name": devices.pop()}},
+                                allow_foreign=allow_foreign)
+        if model is None:
+            lines.append(f"{sweep}: no noise model" + (f" ({note})" if note else "") + ": stated intervals")
+            continue
+        pts = [(s.case_id, x) for s in group if s.case_id in model.cases for x in s.points if x.rel_noise is not None]
+        for cid, x in pts:
+            x.rel_noise = restated(x.rel_noise, x.rel_noise_within, x.rerun_rel, model, cid)
+        n = len(pts)
+        lines.append(f"{sweep}: intervals re-stated with {model.describe()} ({n} runs of the cases it holds)"
+                     + (f"; {note}" if note else ""))
     return lines
 
 
 def check(all_series: Sequence[Series], *, sig: float = 0.05, permutations: int = 199, seed: int = 0,
-          min_step: float = MIN_STEP) -> CheckReport:
+          min_step: float = MIN_STEP, window: int = WINDOW) -> CheckReport:
     if not 0 < sig < 1:
         raise UsageError(f"--sig: expected a significance level in (0, 1), got {sig:g}")
     if not 0 <= min_step < 1:
         raise UsageError(f"--min-step: expected a percentage in [0, 100), got {100 * min_step:g}")
     if permutations < 19:
         raise UsageError(f"--permutations: expected at least 19 (p can be no smaller than 1/(1+R)), got {permutations}")
-    found, checked, short = [], 0, 0
+    if not 4 <= window <= 1000:
+        raise UsageError(f"--window: expected a number of runs from 4 to 1000, got {window}")
+    rep = CheckReport(0, 0, [])
     for s in all_series:
         if sum(x.median_us is not None for x in s.points) < 4:
-            short += 1
+            rep.short += 1
             continue
-        checked += 1
-        found += changes(s, sig=sig, permutations=permutations, seed=seed, min_step=min_step)
-    return CheckReport(checked, short, found)
+        rep.checked += 1
+        if s.points[-1].median_us is None:
+            rep.unmeasured.append(s)
+        rep.changes += changes(s, sig=sig, permutations=permutations, seed=seed, min_step=min_step, window=window)
+    return rep
 
 
 def case_text(s: Series, keys: Sequence[str] | None = None) -> str:
@@ -514,7 +648,4 @@ def case_text(s: Series, keys: Sequence[str] | None = None) -> str:
 
 def varying_params(all_series: Sequence[Series]) -> list[str]:
     """The parameters that tell these series apart."""
-    keys: list[str] = []
-    for s in all_series:
-        keys += [k for k in s.params if k not in keys]
-    return [k for k in keys if len({_js(s.params.get(k)) for s in all_series}) > 1]
+    return varying([s.params for s in all_series], dict.fromkeys(k for s in all_series for k in s.params))

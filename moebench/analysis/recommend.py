@@ -4,10 +4,13 @@ robust (minimax-regret) choice; with weights, the expected regret too."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from moebench.analysis import describe, metric_of, value_of, varying_keys
+from moebench.analysis.comparable import ASSUMED_MAX, record_noise
+from moebench.core.cases import Case, case_id
 from moebench.core.text import ordered
 from moebench.core.records import Record
 from moebench.errors import UsageError
@@ -99,16 +102,19 @@ def parse_weights(text: str | None, over: list[str], shape_values: Iterable[tupl
             raise UsageError(f"--weights: expected VALUE=WEIGHT, got {part!r}")
         if k.strip() not in known:
             raise UsageError(f"--weights: {over[0]}={k.strip()} was not swept; swept: {', '.join(known)}")
+        if known[k.strip()] in out:
+            raise UsageError(f"--weights: {over[0]}={k.strip()} is given twice; give each shape one weight")
         try:
             w = float(v)
         except ValueError:
             raise UsageError(f"--weights: weight of {k.strip()} must be a number, got {v!r}") from None
         if not math.isfinite(w) or w < 0:
-            raise UsageError(f"--weights: weight of {k.strip()} must be >= 0, got {v}")
+            raise UsageError(f"--weights: weight of {k.strip()} must be a finite number >= 0, got {v}")
         out[known[k.strip()]] = w
-    if not out or sum(out.values()) <= 0:
+    top = max(out.values(), default=0.0)
+    if top <= 0:
         raise UsageError("--weights: at least one weight must be positive")
-    return out
+    return {s: w / top for s, w in out.items()}  # relative to the largest: any sum of them is finite
 
 
 def regret_table(records: list[Record], over: list[str], config_keys: list[str], group_keys: list[str], *,
@@ -312,12 +318,40 @@ def _measured_variant(records: list[Record], family, sw: Switch, variant: str | 
                      "name the one whose times stand for the runtime's kernel with --variant")
 
 
+def _checked(records: list[Record], family, sw: Switch, noise) -> dict[str, float | None]:
+    """Per case id, the half-width a record's time is weighed with (its judged one, `noise`:
+    moebench.analysis.comparable.file_noise, else its stated rel_noise); UsageError (exit 2) for a
+    record whose value of the switch is not one of the family's legal values, or whose noise is not
+    a number >= 0 or disagrees with its parts: nothing from a results file reaches the emitted file
+    unchecked."""
+    param = family.params.get(sw.param)
+    out = {}
+    for r in records:
+        v = value_of(r, sw.param)
+        why = param.check(v) if param is not None else f"is not a parameter of family {family.name!r}"
+        if why:
+            raise UsageError(f"case {r.case_id} ({r.label}): {sw.param} {why}; a switch takes only the family's legal "
+                             f"values ({param.allowed() if param is not None else 'none'})")
+        if metric_of(r) is None:
+            continue
+        try:
+            record_noise(r.timing, r.case_id, None, ASSUMED_MAX)  # its parts are numbers >= 0 and agree
+        except ValueError as e:
+            raise UsageError(f"case {r.case_id} ({r.label}): {e}; a stated noise is checked, not trusted") from None
+        # the wider of the stated and the judged half-width: a narrower one would emit on a smaller gain
+        judged = noise.by_case.get(r.case_id) if noise is not None else None
+        rel = r.timing.get("rel_noise")
+        out[r.case_id] = max(rel, judged.rel) if judged is not None and rel is not None else rel
+    return out
+
+
 def decide(records: list[Record], family, *, over: Sequence[str] | None = None, weights_text: str | None = None,
-           variant: str | None = None, metric: str = "median_us") -> list[Decision]:
+           variant: str | None = None, metric: str = "median_us", noise=None) -> list[Decision]:
     """For each kill switch of the family that these results sweep: the configuration with the
     least weighted mean time over the mix (default mix: every swept shape, equal weights), against
     the shipped default. Emitted only when the choice's mix interval lies wholly below the
-    default's; otherwise the default, with the reason."""
+    default's; otherwise the default, with the reason. `noise`: the file's judged half-widths
+    (moebench.analysis.comparable.file_noise); every value and half-width is checked (_checked)."""
     if family is None:
         raise UsageError("--emit: these results' family is not known here, so its kill switches are not either")
     sws = [sw for sw in switches(family).values() if sw.param in varying_keys(records)]
@@ -329,6 +363,7 @@ def decide(records: list[Record], family, *, over: Sequence[str] | None = None, 
     for sw in sws:
         lab = _measured_variant(records, family, sw, variant)
         recs = [r for r in records if r.label == lab]
+        rels = _checked(recs, family, sw, noise)
         ov, _, group = recommend_keys(recs, family, over, [sw.param])
         if group:
             raise UsageError(f"--emit: {', '.join(group)} also vary; one environment holds one {sw.var} per device, "
@@ -340,10 +375,10 @@ def decide(records: list[Record], family, *, over: Sequence[str] | None = None, 
                 continue
             a = arms.setdefault(value_of(r, sw.param), Arm(value_of(r, sw.param), {}, {}, {}))
             s = tuple(value_of(r, k) for k in ov)
-            a.us[s], a.rel[s], a.case_ids[s] = t, r.timing.get("rel_noise"), r.case_id
+            a.us[s], a.rel[s], a.case_ids[s] = t, rels.get(r.case_id), r.case_id
         shapes = ordered(s for a in arms.values() for s in a.us)
         w = parse_weights(weights_text, ov, shapes) if weights_text else {s: 1.0 for s in shapes}
-        w = {s: v / sum(w.values()) for s, v in w.items() if v > 0}
+        w = {s: v / math.fsum(w.values()) for s, v in w.items() if v > 0}
         default = arms.get(sw.default)
         # the fastest over the mix; where that is the default, the next best, as the evidence for keeping it
         full = sorted((a for a in arms.values() if all(s in a.us for s in w)), key=lambda a: a.mix(w)[0])
@@ -401,26 +436,42 @@ def emit_document(decisions: list[Decision], prov: dict, source: str, check: lis
     return doc
 
 
+# what a .env line may hold: a comment carries no control character (a newline would start a line
+# the shell runs), a value only the characters of a legal launch value
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_VALUE = re.compile(r"[A-Za-z0-9_.+-]*\Z")
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
 def env_text(doc: dict) -> str:
-    """The document as a shell environment file: VAR=value lines, the rest as comments."""
-    lines = [f"# moebench recommend --emit env: launch values for {doc['device']} (driver {doc['driver']}, CUDA "
+    """The document as a shell environment file: VAR=value lines (a value only where it is plain:
+    decide() let only the family's legal values through), the rest as comments with every control
+    character replaced by '?', so that sourcing the file runs nothing a results file wrote."""
+    lines = [f"moebench recommend --emit env: launch values for {doc['device']} (driver {doc['driver']}, CUDA "
              f"{doc['cuda']}, torch {doc['torch']}, triton {doc['triton']})",
-             f"# from {doc['results']} (sweep {doc['sweep']}, commit {doc['commit']}, {doc['timestamp']}, spec "
-             f"sha256 {str(doc['spec_sha256'])[:16]})", f"# rule: {doc['rule']}"]
+             f"from {doc['results']} (sweep {doc['sweep']}, commit {doc['commit']}, {doc['timestamp']}, spec "
+             f"sha256 {str(doc['spec_sha256'])[:16]})", f"rule: {doc['rule']}"]
+    values = []
     for s in doc["switches"]:
         m = s["mix"]
-        lines += ["#", f"# {s['variable']} ({s['param']} of {', '.join(s['read_by_variants'])}; measured on "
-                       f"{s['measured_variant']}): {'EMITTED' if s['emitted'] else 'default kept'}: {s['reason']}",
-                  "# mix over " + ", ".join(m["over"]) + ": "
+        lines += ["", f"{s['variable']} ({s['param']} of {', '.join(s['read_by_variants'])}; measured on "
+                      f"{s['measured_variant']}): {'EMITTED' if s['emitted'] else 'default kept'}: {s['reason']}",
+                  "mix over " + ", ".join(m["over"]) + ": "
                   + ", ".join(f"{'/'.join(map(str, k))}: {w:.3g}" for k, w in m["weights"])]
         for c in s["cases"]:
             shape = ", ".join(f"{k}={v}" for k, v in c["shape"].items())
-            lines.append(f"#   {shape} (w {c['weight']:.3g}): {s['choice']} {_iv(c, 'choice')} vs default "
+            lines.append(f"  {shape} (w {c['weight']:.3g}): {s['choice']} {_iv(c, 'choice')} vs default "
                          f"{s['default']} {_iv(c, 'default')}" + (f", Δ {100 * c['delta']:+.2f}%" if "delta" in c else ""))
-        lines.append(f"{s['variable']}={s['value']}")
+        value = str(s["value"])
+        if isinstance(s["value"], bool) or not _VARIABLE.match(s["variable"]) or not _VALUE.match(value):
+            raise UsageError(f"--emit env: {s['variable']!r}={value!r} is not a plain VAR=value; nothing written")
+        lines.append(None)
+        values.append(f"{s['variable']}={value}")
     for c in doc.get("check") or []:
-        lines += ["#", f"# check {c['variable']}: {c['verdict']}: {c['text']}"]
-    return "\n".join(lines) + "\n"
+        lines += ["", f"check {c['variable']}: {c['verdict']}: {c['text']}"]
+    it = iter(values)
+    text = [next(it) if line is None else "#" + (" " + _CONTROL.sub("?", line) if line else "") for line in lines]
+    return "\n".join(text) + "\n"
 
 
 def _iv(c: dict, name: str) -> str:
@@ -436,8 +487,6 @@ def _iv(c: dict, name: str) -> str:
 def check_cases(d: Decision, family, records: list[Record]) -> list:
     """The cases `--check` runs for one emitted switch: each variant that reads the switch, at each
     shape of the mix (the evidence records' other parameters), its launch value left to the switch."""
-    from moebench.core.cases import Case, case_id
-
     by_id = {r.case_id: r for r in records}
     out = []
     for reader in d.switch.readers:

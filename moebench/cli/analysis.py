@@ -190,53 +190,62 @@ def _print_ab(pairs: list[ABPair], layers: int | None, per_launch, md: str) -> N
     out.print(md, highlight=False, soft_wrap=True)
 
 
+NOISE_OPT = typer.Option("auto", "--noise", help="The device noise model whose run-to-run terms widen the judged "
+                         "ones (max of the two; scripts/repro.py calibrate): auto (default) finds "
+                         "results/<device>/noise/<sweep>.json of the repository for the runs' device and sweep, none "
+                         "keeps each file's own, or a model file (refused when measured on another device or for "
+                         "another sweep).")
+FOREIGN_OPT = typer.Option(False, "--allow-foreign-model", help="Use a noise model measured on another device or for "
+                           "another sweep (said on stderr).")
+
+
 @app.command(short_help="Per case SAME / FASTER / SLOWER / NOISY / UNCLEAR; a CI gate.")
 def compare(
-    base: Path = typer.Argument(..., help="Results .json of the baseline run."),
-    new: Path = typer.Argument(..., help="Results .json of the run to judge."),
+    base: Path = typer.Argument(..., help="Results .json (or .partial.jsonl) of the baseline run."),
+    new: Path = typer.Argument(..., help="Results .json (or .partial.jsonl) of the run to judge."),
     threshold: float = typer.Option(5.0, "--threshold", help="Smallest change worth flagging, in percent."),
     fail_on_regression: bool = typer.Option(False, "--fail-on-regression",
-                                            help="CI gate: exit 1 when a case is SLOWER or failed in NEW; exit 2 "
-                                                 "when the files cannot support a verdict (no shared case, a case "
-                                                 "of BASE missing from NEW, a case without times or noise, an "
-                                                 "UNCLEAR case)."),
+                                            help="CI gate: exit 1 when a case is SLOWER or failed in NEW (whether "
+                                                 "BASE has it or not); exit 2 when the files cannot support a "
+                                                 "verdict (no shared case, a case of BASE missing from NEW, a case "
+                                                 "without times or noise, an UNCLEAR case)."),
     metric: str = typer.Option("median_us", "--metric", help="Column to compare: a time (*_us, lower is better), "
                                "x_floor, or a throughput (gbps, speedup: higher is better)."),
     allow_unclear: bool = typer.Option(False, "--allow-unclear", help="Let UNCLEAR cases through the gate."),
     strict_noise: bool = typer.Option(False, "--strict-noise", help="Fail the gate (exit 2) on NOISY cases too: "
-                                      "those whose stated noise is too wide to resolve the threshold."),
+                                      "those whose measured noise is too wide to resolve the threshold."),
     allow_settings: bool = typer.Option(False, "--allow-settings", help="Compare files timed under other timer "
                                         "settings (L2, groups, placements, ...) or kill switches."),
     allow_device: bool = typer.Option(False, "--allow-device", help="Compare files timed on other devices."),
     cycles: bool = typer.Option(False, "--cycles", help="Compare in SM clock cycles (µs x each record's MHz)."),
+    noise: str = NOISE_OPT,
+    allow_foreign_model: bool = FOREIGN_OPT,
     markdown: bool = MARKDOWN_OPT,
     fmt: str = TABLE_FORMAT_OPT,
 ):
     """Per case (matched by case_id): SAME / FASTER / SLOWER / NOISY / UNCLEAR (--markdown: a pipe table).
 
-    d = (new - base) / base on the median; noise n = sqrt(nb² + nn²) from each file's own noise
-    model: rel_noise (the ~95% half-width of its median) with the run-to-run term the record states
-    (rerun_rel), or, for an older file that states none, a 5% run-to-run floor in quadrature
-    (moebench.analysis.compare.LEGACY_RERUN_REL). FASTER/SLOWER when |d| >= threshold and |d| > n;
-    SAME when |d| + n < threshold; NOISY when |d| <= n, each run precise (within-run half-widths under
-    the threshold) but n too wide for SAME; UNCLEAR otherwise, or without a noise estimate.
+    d = (new - base) / base on the median; noise n = sqrt(nb² + nn²), each a record's within-run
+    half-width with a run-to-run term in quadrature: the one the noise model its file names gives
+    for the case (path and sha256 verified), or an assumed one of at most 0.5%, widened to --noise's
+    model. A record's rel_noise must equal hypot(rel_noise_within, rerun_rel), or the file is
+    refused (exit 2). FASTER/SLOWER when |d| >= threshold and |d| > n; SAME when |d| + n <
+    threshold; NOISY when |d| <= n, both terms measured and each run precise (within-run half-widths
+    under the threshold) but n too wide for SAME; UNCLEAR otherwise, or without a noise estimate.
 
-    Files timed on other devices or under other timer settings stop with exit 2 unless
-    --allow-device / --allow-settings; the gate fails on UNCLEAR unless --allow-unclear, and passes
-    NOISY cases naming them (--strict-noise fails them). Confirm a SLOWER with `moebench ab`."""
-    from moebench.analysis import read_results
-    from moebench.analysis.compare import check_comparable, compare_records
+    Files timed on other devices or under settings that change the number (timer settings, kill
+    switches; a stream's are read from its header) stop with exit 2 unless --allow-device /
+    --allow-settings; the gate fails on UNCLEAR unless --allow-unclear, and passes NOISY cases
+    naming them (--strict-noise fails them). Confirm a SLOWER with `moebench ab`."""
+    from moebench.analysis.compare import compare_files
     from moebench.report.sweep import compare_markdown
 
     if not (0 < threshold < 1000):
         raise UsageError(f"--threshold: expected a percentage > 0, got {threshold:g}")
     wants_markdown(markdown, fmt)
-    pb, rb = read_results(base)
-    pn, rn = read_results(new)
-    notes = check_comparable(pb, pn, allow_settings=allow_settings, allow_device=allow_device)
-    rep = compare_records(rb, rn, threshold=threshold / 100, metric=metric, cycles=cycles)
-    if pb.get("spec_sha256") and pn.get("spec_sha256") and pb["spec_sha256"] != pn["spec_sha256"]:
-        notes.append("the two runs come from different spec files (sha256 differs); cases are matched by case_id")
+    rep, notes = compare_files(base, new, threshold=threshold / 100, metric=metric, cycles=cycles, noise=noise,
+                               allow_settings=allow_settings, allow_device=allow_device,
+                               allow_foreign_model=allow_foreign_model)
     for n in notes + rep.notes:
         err.print(n, style="yellow", highlight=False, soft_wrap=True)
     vary = rep.vary
@@ -346,12 +355,14 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
     """recommend --emit: decide, optionally --check on this GPU, write or print the file."""
     import json
 
+    from moebench.analysis.comparable import file_noise
     from moebench.analysis.recommend import decide, emit_document, env_text
 
     if emit not in ("env", "json"):
         raise UsageError(f"--emit: expected env or json, got {emit!r}" if emit else
                          "--output, --variant and --check go with --emit env|json")
-    decisions = decide(records, fam, over=_csv(over), weights_text=weights, variant=variant, metric=metric)
+    decisions = decide(records, fam, over=_csv(over), weights_text=weights, variant=variant, metric=metric,
+                       noise=file_noise(prov, records, None if str(results).startswith("ref:") else Path(results)))
     checked = _check_emitted(results, prov, records, fam, decisions) if check else None
     doc = emit_document(decisions, prov, str(results), checked)
     text = env_text(doc) if emit == "env" else json.dumps(doc, indent=1, default=str) + "\n"
@@ -375,7 +386,9 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
 def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
     """--check: each emitted switch's readers, run here without and with the emitted environment.
     The environment is a mapping handed to the run, never os.environ."""
+    from moebench.analysis.comparable import differences
     from moebench.analysis.recommend import check_cases, judge_check
+    from moebench.core.records import run_settings
     from moebench.core.spec import PACKAGE_ROOT, load_spec
 
     emitted = [d for d in decisions if d.emit]
@@ -393,6 +406,11 @@ def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
     spec = load_spec(str(PACKAGE_ROOT / "sweeps" / f"{name}.yaml"))
     variables = {sw.var for sw in (d.switch for d in decisions)}
     base_env = {k: v for k, v in os.environ.items() if k not in variables}
+    diff = differences(prov, {"settings": run_settings(spec, device, timed=True, cross=(), environ=base_env)})
+    if diff.device or diff.number:
+        raise UsageError(f"--check: {results} was timed on another device or under other settings than this GPU "
+                         f"runs {name} with ({'; '.join(diff.device + diff.number)}): the check would measure "
+                         "something else")
     out_rows: list[dict] = []
     for d in emitted:
         cases = check_cases(d, fam, records)

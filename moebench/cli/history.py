@@ -10,6 +10,9 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from moebench.analysis import REF_PREFIX, read_results
+from moebench.analysis.history import (add_results, case_text, check as run_check, open_db, order_notes, restate_with,
+                                       series, varying_params)
 from moebench.cli.common import DEFAULT_OUT, err, out
 from moebench.core.text import md_table
 from moebench.errors import ExitCode, UsageError
@@ -25,11 +28,11 @@ def add(
     results: list[Path] = typer.Argument(..., help="Results .json files (or .partial.jsonl) to store."),
     db: Path = DB_OPT,
 ):
-    """Store each results file with its provenance, one transaction per file. A file already stored
-    (the same run id) is skipped, so adding again is harmless; several `add` may run at once."""
-    from moebench.analysis import REF_PREFIX, read_results
-    from moebench.analysis.history import add_results, open_db
-
+    """Store each results file with its provenance, one transaction per file. One run is stored once:
+    a file sharing measurements with a stored run (its stream, its final file, a resumed run)
+    replaces it when it holds more timed records, else is skipped, so adding again is harmless;
+    several `add` may run at once. A/B files, a record whose noise parts disagree and values of the
+    wrong type are refused (exit 2)."""
     loaded = []
     for f in results:  # every file read before the database is touched: a bad one adds nothing
         if str(f).startswith(REF_PREFIX):
@@ -38,9 +41,17 @@ def add(
     with open_db(db, create=True) as con:
         for f, prov, records in loaded:
             a = add_results(con, str(f), prov, records)
-            out.print(f"{'added' if a.new else 'already stored'} {f}: run {a.run_id}, {a.records} records"
-                      + (f", commit {str(prov.get('git_commit'))[:12]}" if prov.get("git_commit") else ""),
-                      highlight=False)
+            for n in a.notes:
+                err.print(n, style="yellow", highlight=False, soft_wrap=True)
+            if not a.new:
+                out.print(f"already stored {f}: " + (f"run {a.run_id}" if a.same_as == a.run_id else
+                          f"the same run as {a.same_as} (its measurements, with no more timed records)"),
+                          highlight=False)
+                continue
+            out.print(f"added {f}: run {a.run_id}, {a.records} records"
+                      + (f", commit {str(prov.get('git_commit'))[:12]}" if prov.get("git_commit") else "")
+                      + (f"; replaces run {', '.join(a.replaced)} (the same run, fewer timed records)"
+                         if a.replaced else ""), highlight=False)
 
 
 @app.command(short_help="A case's series across runs (no CASE: the cases stored).")
@@ -53,8 +64,6 @@ def show(
 ):
     """One row per run of the case, in run order: commit, device, driver, median, the stated
     interval and the timing method. Without CASE: the cases with their number of runs."""
-    from moebench.analysis.history import case_text, open_db, series, varying_params
-
     with open_db(db) as con:
         found = series(con, sweep=sweep, case=case)
     if not found:
@@ -90,28 +99,34 @@ def check(
     sig: float = typer.Option(0.05, "--sig", help="Significance level of the permutation test."),
     permutations: int = typer.Option(199, "--permutations", help="Permutations per test."),
     min_step: float = typer.Option(1.0, "--min-step", help="A smaller step (percent) is labelled noise."),
+    window: int = typer.Option(100, "--window", help="Search each case's last N timed runs (4 to 1000): memory per "
+                               "series grows with N², about 100 bytes x N², whatever the history's length."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
     noise: str = typer.Option("auto", "--noise", help="The device noise model each run's interval is re-stated "
                               "with, as the timer states it (scripts/repro.py calibrate): auto (default) finds "
                               "results/<device>/noise/<sweep>.json for the runs' device, none keeps the stated "
-                              "intervals, or a model file."),
+                              "intervals, or a model file (refused when measured on another device or for another "
+                              "sweep)."),
+    allow_foreign_model: bool = typer.Option(False, "--allow-foreign-model", help="Use a --noise model measured on "
+                                             "another device or for another sweep (said)."),
 ):
     """E-divisive means (Matteson & James 2014, as in MongoDB's CI) on each case's medians in run
-    order. Each change point is labelled: hardware/driver change, method change, noise (the step lies
+    order (UTC instants; where commit ancestry in this git repository disagrees, it is said), over
+    its last --window timed runs. Each change point is labelled: hardware/driver change, method
+    change (a setting that changes the number; a noise-only one does not), noise (the step lies
     within the stated intervals or the runs' own scatter, or is below --min-step) or real (a
-    regression or an improvement). Exit 1 when a real
-    regression is found: a CI gate."""
-    from moebench.analysis.history import case_text, check as run_check, open_db, series, varying_params
-
+    regression or an improvement). Exit 1 when a real regression is found: a CI gate; exit 2 when
+    it vouched for nothing (no case with 4 timed runs) or a case's latest run has no time."""
     with open_db(db) as con:
         found = series(con, sweep=sweep)
+        notes = order_notes(con)
     if not found:
         raise UsageError(f"{db}: no records" + (f" of sweep {sweep!r}" if sweep else ""))
-    from moebench.analysis.history import restate_with
-
-    for line in restate_with(found, noise):
+    for line in notes:
+        err.print(line, style="yellow", highlight=False, soft_wrap=True)
+    for line in restate_with(found, noise, allow_foreign=allow_foreign_model):
         out.print(line, highlight=False, soft_wrap=True)
-    rep = run_check(found, sig=sig, permutations=permutations, min_step=min_step / 100)
+    rep = run_check(found, sig=sig, permutations=permutations, min_step=min_step / 100, window=window)
     keys = varying_params(found)
     head = ["case", "params", "at run", "commit", "before µs", "after µs", "step %", "p", "label", "why"]
     rows = [[c.series.case_id, case_text(c.series, keys), str(c.index + 1), (c.at.commit or "—")[:10],
@@ -119,14 +134,15 @@ def check(
              c.label + (f" ({c.direction})" if c.label == "real" else ""), c.why] for c in rep.changes]
     if rows:
         _print(f"{db}: change points", head, rows, markdown, colour=[_colour(c) for c in rep.changes])
-    regs = rep.regressions
     out.print(f"{rep.checked} series checked ({rep.short} with fewer than 4 timed runs skipped); "
               f"{len(rep.changes)} change point(s), {sum(c.label == 'real' for c in rep.changes)} real, "
-              f"{len(regs)} real regression(s)", style="bold", highlight=False)
-    if regs:
-        err.print(f"history check: {len(regs)} real regression(s), first {regs[0].series.case_id} at run "
-                  f"{regs[0].index + 1} ({(regs[0].at.commit or '?')[:10]}), {100 * regs[0].step:+.2f}%", style="red")
-    raise typer.Exit(ExitCode.CASE_FAILED if regs else ExitCode.OK)
+              f"{len(rep.regressions)} real regression(s)", style="bold", highlight=False)
+    code, why = rep.gate()
+    if code == 2:
+        raise UsageError(f"history check: {why}")
+    if code:
+        err.print(f"history check: {why}", style="red")
+    raise typer.Exit(code)
 
 
 def _colour(c) -> str:

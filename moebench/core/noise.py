@@ -27,7 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,7 +37,8 @@ from moebench.errors import SpecError, UsageError
 # the checkout moebench runs from (moebench.core.spec.PACKAGE_ROOT; not imported: spec reads this module)
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
-SETTINGS = ("auto", "none")
+# a sweep name or device slug that builds a model's path: one plain path component
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # a model is a few KB per hundred cases; anything this big is the wrong file
 MAX_MODEL_BYTES = 4 * 2**20
 
@@ -164,8 +166,11 @@ def load(path: Path, root: Path | None = None) -> NoiseModel:
     return NoiseModel(_shown(path, root), hashlib.sha256(data).hexdigest(), dev, runs, commit, sweep, terms, method)
 
 
-def auto_path(sweep: str, device_slug: str, root: Path | None = None) -> Path:
-
+def auto_path(sweep: Any, device_slug: Any, root: Path | None = None) -> Path | None:
+    """results/<device_slug>/noise/<sweep>.json under the repository; None unless both names are one
+    plain path component (a name read from a results file never reaches outside that folder)."""
+    if not all(isinstance(v, str) and PLAIN_NAME.match(v) and ".." not in v for v in (sweep, device_slug)):
+        return None
     return (root or _REPO_ROOT) / "results" / device_slug / "noise" / f"{sweep}.json"
 
 
@@ -183,6 +188,8 @@ def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: s
         if not sweep:
             return NoiseChoice(setting, note="timing.noise auto: no sweep name to look a model up by")
         p = auto_path(sweep, device_slug, root)
+        if p is None:
+            return NoiseChoice(setting, note=f"timing.noise auto: sweep {str(sweep)[:40]!r} is not a plain name")
         if not p.exists():
             return NoiseChoice(setting)
         m = load(p, root)
@@ -205,8 +212,6 @@ def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: s
 def _method_note(m: NoiseModel, timing) -> str:
     if timing is None or not m.method:
         return ""
-    from dataclasses import asdict
-
     now = asdict(timing)
     diff = sorted(k for k, v in m.method.items() if k != "noise" and k in now and now[k] != v)
     return (f"{m.path} was measured under other timing settings ({', '.join(diff)})") if diff else ""

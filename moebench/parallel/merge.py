@@ -8,12 +8,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
+from moebench.analysis.comparable import differences
+from moebench.analysis.pages import page_spec
+from moebench.core.baseline import set_delta
+from moebench.core.records import Record, load_results
 from moebench.errors import UsageError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moebench.core.records import Record
 
 
 @dataclass
@@ -36,24 +37,19 @@ class Merged:
         return not self.incomplete_files and not self.missing_shards and not self.missing_cases
 
 
-# (what, how to read it from a provenance, how to show it): shards must agree on all of them
+# (what, how to read it from a provenance, how to show it): shards must agree on all of them, and on
+# the device, the timer settings and the kill switches (moebench.analysis.comparable.differences: a
+# shard with MCORE_COUNT_TOKENS_BLOCK=64 beside one with 1024 is two different runs)
 _MUST_AGREE = (
     ("spec sha256", lambda p: p.get("spec_sha256"), lambda v: str(v)[:12]),
-    ("device", lambda p: (p.get("device") or {}).get("name"), repr),
     ("matrix", lambda p: f"{p.get('matrix', 'sweep')}{' (quick)' if p.get('quick') else ''}", str),
-    ("timing settings", lambda p: p.get("timing"), repr),
     ("cross checks", lambda p: sorted(p.get("cross_checks") or []), repr),
-    # the kill-switch variables each shard ran under (a shard with MCORE_COUNT_TOKENS_BLOCK=64 beside
-    # one with 1024 is two different runs), and the baseline launch every case was checked against
-    ("kill-switch settings", lambda p: (p.get("settings") or {}).get("switches"), repr),
     ("baseline launch", lambda p: (p.get("settings") or {}).get("baseline"), repr),
 )
 
 
 def merge_results(paths: Sequence[Path]) -> Merged:
     """Read shard result files and merge them, refusing inputs that are not shards of one run."""
-    from moebench.core.records import load_results
-
     files: list[Path] = []
     seen_paths: set[Path] = set()
     for p in map(Path, paths):
@@ -75,6 +71,14 @@ def merge_results(paths: Sequence[Path]) -> Merged:
 
     p0, prov0, _ = loaded[0]
     for p, prov, _ in loaded[1:]:
+        diff = differences(prov0, prov)
+        switches = [d for d in diff.number if d.startswith("$")]
+        timing = [d for d in diff.number + diff.noise_only if d not in switches]
+        for what, found in (("device differs", diff.device), ("timing settings differ", timing),
+                            ("kill-switch settings differ", switches)):
+            if found:
+                raise UsageError(f"cannot merge: {what}: {p0} -> {p}: {'; '.join(found)}; merge only shards of one "
+                                 "sweep on one device class")
         for what, get, show in _MUST_AGREE:
             a, b = get(prov0), get(prov)
             if a != b:
@@ -109,8 +113,6 @@ def merge_results(paths: Sequence[Path]) -> Merged:
 
     # the whole matrix, from the files themselves (provenance.cases): a reader never opens the spec
     # file a results file names (loading a spec runs its plugins)
-    from moebench.analysis.pages import page_spec
-
     m.spec = page_spec(prov0, [r for _, _, recs in loaded for r in recs])
     cmap = _case_map(loaded)
     order: dict[str, int] = {}
@@ -147,8 +149,6 @@ def _case_map(loaded: list) -> dict | None:
 def _baseline_deltas(records: list, baseline_of: dict, spec) -> None:
     """Read every timed record against the baseline launch of its shape (found by the baseline case
     id the files list), as a sweep does: speedup, Δµs and the per-step projection."""
-    from moebench.core.baseline import set_delta
-
     by_id = {r.case_id: r for r in records}
     layers = spec.model.get("moe_layers")
     for r in records:

@@ -222,6 +222,8 @@ def test_compare_failed_and_untimed_cases_are_not_compared():
     assert [r.verdict for r in rep.rows] == ["—", "—", "SAME"]
     assert "NEW mismatch" in rep.rows[0].note and "no timing in NEW" in rep.rows[1].note
     assert not rep.regressions
+    assert rep.gate()[0] == 1  # a case that failed in NEW fails the gate
+    rep = compare_records(base, [count_rec(128, 256, 2.0)] + new[1:])
     assert rep.gate()[0] == 2  # a case without a time in NEW: the gate cannot vouch for it
 
 

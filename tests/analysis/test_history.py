@@ -140,10 +140,12 @@ def test_improvement_is_real_but_passes_the_gate(tmp_path, capsys):
 
 
 def _stating(rel: float):
-    """A make_series edit: every record of every run states `rel` as its half-width."""
+    """A make_series edit: every record of every run states `rel` as its half-width, within-run, with
+    no noise model (and so no run-to-run term) behind it."""
     def edit(doc, run):
+        doc["provenance"]["noise_model"] = {"setting": "none", "path": None}
         for r in doc["records"]:
-            r["timing"]["rel_noise"] = rel
+            r["timing"].update(rel_noise=rel, rel_noise_within=rel, rerun_rel=0.0)
     return edit
 
 
@@ -173,7 +175,7 @@ def test_step_with_a_changed_driver_or_method_is_labelled_so(tmp_path, capsys, w
     target = _doc()["records"][TARGET]["case_id"]
     found = [c for c in _changes(db) if c.series.case_id == target and c.index == 4]
     assert [c.label for c in found] == [label]
-    assert ("590.10" if what == "driver" else "timing.groups 4 -> 8") in found[0].why
+    assert ("590.10" if what == "driver" else "timing.groups: 4 -> 8") in found[0].why
     assert not [c for c in _changes(db) if c.label == "real"]
     assert _check(capsys, db)[0] == 0
 
@@ -184,7 +186,6 @@ def test_step_with_a_changed_driver_or_method_is_labelled_so(tmp_path, capsys, w
 def test_add_keeps_provenance_and_noise_fields_and_is_idempotent(tmp_path, capsys):
     db = tmp_path / "h.sqlite"
     doc = _doc()
-    doc["records"][0]["timing"].update(rel_noise_within=0.002, rerun_rel=0.005)
     f = tmp_path / "count-block.json"
     f.write_text(json.dumps(doc))
     assert "added" in _add(capsys, db, [f])
@@ -193,16 +194,17 @@ def test_add_keeps_provenance_and_noise_fields_and_is_idempotent(tmp_path, capsy
     assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
     assert con.execute("SELECT COUNT(*) FROM records").fetchone()[0] == len(doc["records"])
     row = con.execute("SELECT device_name, driver, torch, triton, sm_clock_max_mhz, git_commit, spec_sha256, "
-                      "timing_settings FROM runs").fetchone()
+                      "settings, utc FROM runs").fetchone()
     prov = doc["provenance"]
     assert row[:7] == ("NVIDIA H200", "580.159.04", prov["device"]["torch"], "3.6.0", 1980, prov["git_commit"],
                        prov["spec_sha256"])
-    assert json.loads(row[7]) == prov["timing"]
+    assert json.loads(row[7])["timing"] == prov["timing"] and row[8] == "2026-12-01T17:06:05.000000Z"
     rec = con.execute("SELECT case_id, median_us, rel_noise, rel_noise_within, rerun_rel, estimator, "
                       "sm_clock_start_mhz FROM records WHERE idx = 0").fetchone()
     t = doc["records"][0]["timing"]
-    assert rec == (doc["records"][0]["case_id"], t["median_us"], t["rel_noise"], 0.002, 0.005, t["estimator"],
-                   t["sm_clock_start_mhz"])
+    assert rec[:2] == (doc["records"][0]["case_id"], t["median_us"]) and rec[5:] == (t["estimator"],
+                                                                                    t["sm_clock_start_mhz"])
+    assert rec[2:5] == pytest.approx((t["rel_noise"], t["rel_noise_within"], t["rerun_rel"]), abs=2e-5)
     con.close()
 
 
@@ -378,23 +380,259 @@ def test_min_step_keeps_a_tiny_step_out_of_the_gate(tmp_path, capsys):
     assert _check(capsys, db, "--min-step", "200")[0] == 2
 
 
+RUNS = sorted((ROOT / "results" / "h200" / "history" / "runs").glob("*.json"))
+PLANTED = "081feac9a5"
+
+
+def _h200(tmp_path: Path, edit=None, stream: tuple[int, ...] = ()) -> list[Path]:
+    """Copies of the nine committed H200 runs; `edit(doc, k)` (k = 1..9) may change one, and the runs
+    in `stream` are written as their .partial.jsonl (the header and records a running sweep streams)."""
+    paths = []
+    for k, f in enumerate(RUNS, 1):
+        doc = json.loads(f.read_text())
+        if edit:
+            edit(doc, k)
+        p = tmp_path / "runs" / f.name
+        p.parent.mkdir(exist_ok=True)
+        if k in stream:
+            prov = doc["provenance"]
+            head = {x: prov.get(x) for x in ("sweep", "spec_sha256", "command", "timestamp", "git_commit")}
+            p = p.with_suffix(".partial.jsonl")
+            p.write_text("".join(json.dumps(x) + "\n" for x in [{"run": {**head, "settings": prov["settings"]}}]
+                                 + [{"record": r} for r in doc["records"]]))
+        else:
+            p.write_text(json.dumps(doc))
+        paths.append(p)
+    return paths
+
+
+def _planted_check(capsys, tmp_path, paths, *extra):
+    """history add + check --markdown: (exit code, the 'real' rows, all output)."""
+    db = tmp_path / "h.sqlite"
+    code, out, err = run_cli(["history", "add", *map(str, paths), "--db", str(db)], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["history", "check", "--db", str(db), "--markdown", *extra], capsys)
+    return code, [line for line in out.splitlines() if "| real (" in line], out + err
+
+
+def _nine_at_the_planted_commit(code, real, text):
+    assert code == 1 and len(real) == 9 and all(f"| {PLANTED} |" in line for line in real), text
+
+
 def test_the_h200_series_flags_only_the_planted_commit_under_the_device_noise_model(tmp_path, capsys):
     """results/h200/history/runs: nine H200 runs of count-block over nine commits, the seventh of which
     halves the persistent grid. With the device's measured noise model (found by default: --noise
-    auto) every real label falls on that commit; with the stated intervals alone (--noise none)
-    stable commits are labelled too (the process-level jumps of issue 23). The model includes those
-    stable runs (results/h200/TIMER.md says so): this checks the wiring on real data, not the
+    auto) exactly its 9 real labels fall on that commit; with the stated intervals alone (--noise
+    none) stable commits are labelled too (the process-level jumps of issue 23). The model includes
+    those stable runs (results/h200/TIMER.md says so): this checks the wiring on real data, not the
     model out of sample."""
-    runs = sorted((ROOT / "results" / "h200" / "history" / "runs").glob("*.json"))
-    assert len(runs) == 9
+    assert len(RUNS) == 9
+    code, real, text = _planted_check(capsys, tmp_path, RUNS)
+    _nine_at_the_planted_commit(code, real, text)
+    assert "intervals re-stated with measured: results/h200/noise/count-block.json" in text
+    assert "commit ancestry disagree" not in text  # the nine commits are in this repository, in time order
+    code, out, _ = run_cli(["history", "check", "--db", str(tmp_path / "h.sqlite"), "--markdown", "--noise", "none"],
+                           capsys)
+    real = [line for line in out.splitlines() if "| real (" in line]
+    assert code == 1 and any(f"| {PLANTED} |" not in line for line in real)
+
+
+def test_runs_are_ordered_by_their_utc_instant(tmp_path, capsys):
+    """Issue 32: runs 7-9 restamped to the same instants at -0500 sorted first as strings: 0 real."""
+    from datetime import datetime, timedelta, timezone
+
+    def restamp(doc, k):
+        if k >= 7:
+            t = datetime.strptime(doc["provenance"]["timestamp"], "%Y-%m-%dT%H:%M:%S%z")
+            doc["provenance"]["timestamp"] = t.astimezone(timezone(timedelta(hours=-5))).strftime("%Y-%m-%dT%H:%M:%S%z")
+
+    paths = _h200(tmp_path, restamp)
+    assert json.loads(paths[6].read_text())["provenance"]["timestamp"].endswith("-0500")
+    _nine_at_the_planted_commit(*_planted_check(capsys, tmp_path, paths))
+
+
+@pytest.mark.parametrize("settings", [{"noise": "none"}, {"max_seconds": 2.0}, {"target_rel_noise": 0.001}])
+def test_a_noise_only_setting_is_not_a_method_change(tmp_path, capsys, settings):
+    """Issue 32: `sweep --noise none` or `--timing max_seconds=2` in runs 7-9 labelled every step a
+    method change and hid it; compare knows they change only the stated noise or the time taken."""
+    def edit(doc, k):
+        if k >= 7:
+            doc["provenance"]["timing"].update(settings)
+            doc["provenance"]["settings"]["timing"].update(settings)
+
+    _nine_at_the_planted_commit(*_planted_check(capsys, tmp_path, _h200(tmp_path, edit)))
+
+
+def test_a_stream_is_read_as_its_run_and_one_run_is_stored_once(tmp_path, capsys):
+    """Issue 32: the regressing run added as its .partial.jsonl was a method change on every timing
+    key (a stream's settings are under `settings`); a stream and its final file were two runs."""
+    _nine_at_the_planted_commit(*_planted_check(capsys, tmp_path, _h200(tmp_path, stream=(7,))))
     db = tmp_path / "h.sqlite"
-    code, _, err = run_cli(["history", "add", *map(str, runs), "--db", str(db)], capsys)
-    assert code == 0, err
-    planted = "081feac9a5"
-    code, out, _ = run_cli(["history", "check", "--db", str(db), "--markdown"], capsys)
-    real = [line for line in out.splitlines() if "| real (" in line]
-    assert code == 1 and real and all(f"| {planted} |" in line for line in real), out
-    assert "intervals re-stated with measured: results/h200/noise/count-block.json" in out
-    code, out, _ = run_cli(["history", "check", "--db", str(db), "--markdown", "--noise", "none"], capsys)
-    real = [line for line in out.splitlines() if "| real (" in line]
-    assert code == 1 and any(f"| {planted} |" not in line for line in real)
+    code, out, _ = run_cli(["history", "add", str(RUNS[6]), "--db", str(db)], capsys)  # run 7's final file
+    assert code == 0 and "already stored" in out and "the same run as" in out
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 9
+    con.close()
+    # a resumed run: its first attempt streamed 10 records, the final file holds them and 10 more
+    doc = json.loads(RUNS[0].read_text())
+    first = copy.deepcopy(doc)
+    first["records"] = first["records"][:10]
+    a, b = tmp_path / "first.json", tmp_path / "final.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(doc))
+    db2 = tmp_path / "h2.sqlite"
+    out = _add(capsys, db2, [a, b])
+    assert "replaces run" in out
+    con = sqlite3.connect(db2)
+    assert con.execute("SELECT COUNT(*), (SELECT COUNT(*) FROM records) FROM runs").fetchone() == (1, 20)
+    con.close()
+    assert "the same run as" in _add(capsys, db2, [a])
+
+
+def test_a_noise_model_of_another_device_or_sweep_is_refused(tmp_path, capsys):
+    """Issue 32: --noise FILE took a model of another device and sweep without a word (a ±100% one
+    hid all 9 regressions); with --noise auto a sweep name from the records built the model's path."""
+    doc = json.loads((ROOT / "results" / "h200" / "noise" / "count-block.json").read_text())
+    for c in doc["cases"].values():
+        c["rerun_rel"] = 1.0
+    db = tmp_path / "h.sqlite"
+    _add(capsys, db, RUNS)
+    for over, said in (({"device": "NVIDIA B200"}, "measured on NVIDIA B200"), ({"sweep": "act-grid"}, "act-grid")):
+        m = tmp_path / "m.json"
+        m.write_text(json.dumps({**doc, **over}))
+        code, _, err = run_cli(["history", "check", "--db", str(db), "--noise", str(m)], capsys)
+        assert code == 2 and said in err and "--allow-foreign-model" in err and len(err.strip().splitlines()) == 1
+        code, out, _ = run_cli(["history", "check", "--db", str(db), "--noise", str(m), "--allow-foreign-model"], capsys)
+        assert code == 0 and "used as asked" in out  # the user's choice, said
+
+    def escape(doc, k):
+        doc["provenance"]["sweep"] = "../../../../tmp"
+        for r in doc["records"]:
+            r["sweep"] = "../../../../tmp"
+
+    code, real, text = _planted_check(capsys, tmp_path / "x", _h200((tmp_path / "x").mkdir() or tmp_path / "x", escape))
+    assert "is not a plain name" in text and "stated intervals" in text
+
+
+def test_sql_stored_in_a_history_file_never_runs(tmp_path, capsys):
+    """Issue 32: a trigger planted in a history file (after insert on runs: delete the records) ran
+    on `history add`: then '0 series checked', exit 0."""
+    for plant in ("CREATE TRIGGER t AFTER INSERT ON runs BEGIN DELETE FROM records; END",
+                  "CREATE VIEW v AS SELECT * FROM runs", "CREATE TABLE more (x)", "CREATE INDEX i ON runs (sweep)"):
+        db = tmp_path / f"h{len(plant)}.sqlite"
+        _add(capsys, db, RUNS[:1])
+        con = sqlite3.connect(db)
+        con.execute(plant)
+        con.commit()
+        con.close()
+        for cmd in (["add", str(RUNS[1])], ["check"], ["show"]):
+            code, _, err = run_cli(["history", *cmd, "--db", str(db)], capsys)
+            assert code == 2 and "did not create" in err and len(err.strip().splitlines()) == 1
+        con = sqlite3.connect(db)
+        assert con.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 20
+        con.close()
+    # a moebench table of another definition is refused too
+    db = tmp_path / "swapped.sqlite"
+    _add(capsys, db, RUNS[:1])
+    con = sqlite3.connect(db)
+    con.executescript("ALTER TABLE records RENAME TO old; CREATE TABLE records (x CHECK (x > 0))")
+    con.close()
+    assert run_cli(["history", "check", "--db", str(db)], capsys)[0] == 2
+
+
+def test_a_check_that_vouched_for_nothing_fails(tmp_path, capsys):
+    """Issue 32: 3 runs ('20 with fewer than 4 timed runs skipped') and runs 7-9 whose every record
+    failed (dropped from the series) both exited 0."""
+    db = tmp_path / "three.sqlite"
+    _add(capsys, db, RUNS[:3])
+    code, _, err = run_cli(["history", "check", "--db", str(db)], capsys)
+    assert code == 2 and "vouched for nothing" in err
+
+    def failed(doc, k):
+        if k >= 7:
+            for r in doc["records"]:
+                r.update(status="error", error="RuntimeError: boom", timing={})
+
+    db = tmp_path / "h.sqlite"
+    _add(capsys, db, _h200(tmp_path, failed))
+    code, _, err = run_cli(["history", "check", "--db", str(db)], capsys)
+    assert code == 2 and "20 series have no time in their latest run" in err and "error" in err
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda d: d["provenance"].update(ab={"arms": 4}), "not a sweep run"),
+    (lambda d: d["records"].append(copy.deepcopy(d["records"][0])), "not a sweep run"),
+    (lambda d: d["provenance"]["device"].update(sm_clock_max_mhz=10 ** 30), "provenance.device.sm_clock_max_mhz"),
+    (lambda d: d["provenance"].update(git_commit={"a": 1}), "provenance.git_commit: expected text"),
+    (lambda d: d["records"][3]["timing"].update(timer={"x": 1}), "records[3].timing.timer: expected text"),
+    (lambda d: d["records"][3]["timing"].update(sm_clock_end_mhz=2 ** 70), "records[3].timing.sm_clock_end_mhz"),
+    (lambda d: d["records"][3]["timing"].update(median_us=0.0), "records[3].timing.median_us: expected a time > 0"),
+    (lambda d: d["records"][3]["timing"].update(median_us=-2.5), "records[3].timing.median_us: expected a time > 0"),
+    (lambda d: d["records"][3]["timing"].update(rel_noise=-0.5), "timing.rel_noise is -0.5"),
+    (lambda d: d["provenance"].update(timestamp="yesterday"), "provenance.timestamp"),
+], ids=["ab", "two-records-of-a-case", "int-out-of-range", "dict-as-text", "dict-as-timer", "clock-out-of-range",
+        "zero-median", "negative-median", "negative-noise", "no-utc-offset"])
+def test_values_are_typed_on_the_way_in(tmp_path, capsys, edit, said):
+    """Issue 32: an A/B file was stored as count-block runs; an out-of-range integer or a dict where
+    text belongs gave exit 3; medians of 0 gave ZeroDivisionError and negative ones a -206% regression."""
+    doc = json.loads(RUNS[0].read_text())
+    edit(doc)
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(doc))
+    code, _, err = run_cli(["history", "add", str(f), "--db", str(tmp_path / "h.sqlite")], capsys)
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_time_order_and_commit_ancestry_disagree_is_said(tmp_path, capsys):
+    from moebench.analysis.history import order_notes
+
+    repo = tmp_path / "repo"
+    g = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    commits = []
+    for i in range(2):
+        subprocess.run(g + ["commit", "-q", "--allow-empty", "-m", f"c{i}"], check=True)
+        commits.append(subprocess.run(g + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+    docs = []
+    for k, commit in enumerate(reversed(commits)):  # the newer commit ran first
+        doc = json.loads(RUNS[k].read_text())
+        doc["provenance"]["git_commit"] = commit
+        docs.append(tmp_path / f"r{k}.json")
+        docs[-1].write_text(json.dumps(doc))
+    db = tmp_path / "h.sqlite"
+    _add(capsys, db, docs)
+    with open_db(db) as con:
+        [note] = order_notes(con, repo)
+        assert "time order and commit ancestry disagree" in note and commits[0][:10] in note
+        assert order_notes(con, tmp_path) == []  # not a repository holding them: nothing judged
+
+
+MEMORY = """
+import json, resource, sys
+from pathlib import Path
+from moebench.analysis.history import add_results, check, open_db, series
+from moebench.core.records import Record
+n, db = int(sys.argv[1]), Path(sys.argv[2])
+prov = {"sweep": "s", "device": {"name": "NVIDIA H200"}, "timing": {"rerun_rel": 0.005}}
+with open_db(db, create=True) as con:
+    for i in range(n):
+        us = 1.0 + 0.001 * ((i * 7919) % 13) + (0.2 if i >= n - 20 else 0.0)
+        rec = Record("s", "count", "c", "v", "v", "ok", timing={"median_us": us, "rel_noise": 0.005, "rerun_rel": 0.005,
+                                                                "timing_wall_s": i})
+        add_results(con, f"r{i}", {**prov, "git_commit": f"{i:040x}", "timestamp": f"2027-01-01T00:00:00+00:00",
+                                   "run_id": f"run{i}"}, [rec])
+    found = series(con)
+rep = check(found)
+print(json.dumps({"regressions": len(rep.regressions), "at": [c.index for c in rep.regressions],
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def test_history_check_memory_is_bounded_by_the_window_not_the_runs(tmp_path):
+    """Issue 32: 1.07 GB at 300 runs and 4.04 GB at 600 (the permutations held n² each). 600 runs of
+    one case, a 20% step in the last 20: found, under 500 MB."""
+    r = subprocess.run([sys.executable, "-c", MEMORY, "600", str(tmp_path / "h.sqlite")], capture_output=True,
+                       text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["regressions"] == 1 and got["at"] == [580] and got["maxrss_mb"] < 500, got

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -157,12 +158,30 @@ def _fake_runner(calls: list, emitted_us=None, status: str = "ok", read: bool = 
     return run
 
 
+H200 = SimpleNamespace(name="NVIDIA H200", backend="cuda", sm_count=132, l2_bytes=62914560)
+
+
 @pytest.fixture
 def gpu(monkeypatch):
     import moebench.cli.analysis as A
 
-    monkeypatch.setattr(A, "_check_device", lambda: object())
+    monkeypatch.setattr(A, "_check_device", lambda: H200)
     return A
+
+
+def test_cli_check_on_another_device_or_settings_runs_nothing(tmp_path, capsys, monkeypatch, gpu):
+    calls: list = []
+    monkeypatch.setattr(gpu, "run_cases", _fake_runner(calls))
+    monkeypatch.setattr(gpu, "_check_device", lambda: SimpleNamespace(**{**vars(H200), "name": "NVIDIA B200"}))
+    code, _, err = run_cli(["recommend", str(_planted(tmp_path)), "--emit", "env", "--check"], capsys)
+    assert code == 2 and "the check would measure something else" in err and "NVIDIA B200" in err and not calls
+    f = _planted(tmp_path)
+    doc = json.loads(f.read_text())
+    doc["provenance"]["timing"]["l2"] = "cold"
+    f.write_text(json.dumps(doc))
+    monkeypatch.setattr(gpu, "_check_device", lambda: H200)
+    code, _, err = run_cli(["recommend", str(f), "--emit", "env", "--check"], capsys)
+    assert code == 2 and "l2: 'cold' -> 'warm'" in err and not calls
 
 
 def test_cli_check_confirms_the_gain_with_the_environment_injected(tmp_path, capsys, monkeypatch, gpu):
@@ -232,3 +251,94 @@ def test_emit_runs_without_torch(tmp_path):
                        cwd=ROOT, capture_output=True, text=True,
                        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0 and f"{VAR}=64" in r.stdout, r.stderr
+
+
+# ----------------------------------------------------------------------------- nothing injected
+
+
+def _injected(tmp_path: Path, edit) -> Path:
+    """The planted file (BLOCK 64 wins) with `edit(doc)` applied."""
+    f = _planted(tmp_path)
+    doc = json.loads(f.read_text())
+    edit(doc)
+    f.write_text(json.dumps(doc))
+    return f
+
+
+def _tokens(doc, value):
+    for r in doc["records"]:
+        if r["params"]["tokens"] == 256:
+            r["params"]["tokens"] = value
+
+
+def test_sourcing_the_emitted_env_runs_nothing(tmp_path, capsys):
+    """Issue 33: results-file text went into the .env unescaped; sourcing it (`set -a; . ./x.env`)
+    ran commands from a driver string with a newline and a tokens value with newlines. Comments now
+    carry no control character, so the file sources to the one variable and nothing runs."""
+    def edit(doc):
+        prov = doc["provenance"]
+        prov["device"]["driver"] = "580.159.04\ntouch X1"
+        prov["sweep"] = "count-block\r\ntouch X2\n"
+        prov["git_commit"] = "abc\x1b[2J\u2028touch X3"
+        _tokens(doc, "256\ntouch X4\n$(touch X5)")
+
+    f = _injected(tmp_path, edit)
+    env = tmp_path / "x.env"
+    code, _, err = run_cli(["recommend", str(f), "--emit", "env", "-o", str(env)], capsys)
+    assert code == 0, err
+    text = env.read_text()
+    assert all(line.startswith("#") or line == f"{VAR}=64" for line in text.splitlines()), text
+    r = subprocess.run(["sh", "-c", "set -a; . ./x.env; echo \"$MCORE_COUNT_TOKENS_BLOCK\""], cwd=tmp_path,
+                       capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and r.stdout == "64\n", r.stderr
+    assert not list(tmp_path.glob("X*")), "sourcing the emitted file ran a command"
+
+
+@pytest.mark.parametrize("block", ["$(touch X)", "64; touch X", "64\ntouch X", 64.5, -1, "64", 96, True])
+def test_a_block_size_that_is_not_a_legal_value_is_refused(tmp_path, capsys, block):
+    """Issue 33: block sizes `$(touch X)`, `64; touch X`, `64\\ntouch X` ran commands when the file
+    was sourced; 64.5, -1 and strings were emitted as they were. Only the family's legal values pass."""
+    def edit(doc):
+        for r in doc["records"]:
+            if r["params"]["block_size"] == 64:
+                r["params"]["block_size"] = block
+                r["launch"]["block_size"] = block
+
+    f = _injected(tmp_path, edit)
+    env = tmp_path / "x.env"
+    code, _, err = run_cli(["recommend", str(f), "--emit", "env", "-o", str(env)], capsys)
+    assert code == 2 and "block_size" in err and "legal values (a power of two" in err and not env.exists()
+    assert len(err.strip().splitlines()) == 1 and not list(tmp_path.glob("X*"))
+
+
+def test_a_negative_or_contradictory_noise_is_a_malformed_input(tmp_path, capsys):
+    """Issue 33: a negative noise on the default's records emitted a value for a 0.3% gain."""
+    def edit(rel, within=None):
+        def go(doc):
+            for r in doc["records"]:
+                if r["params"]["block_size"] == 64:
+                    r["timing"]["median_us"] = r["timing"]["median_us"] / 0.8 * 0.997  # 0.3% faster only
+                if r["params"]["block_size"] == 128:
+                    r["timing"]["rel_noise"] = rel
+                    if within is not None:
+                        r["timing"]["rel_noise_within"] = within
+        return go
+
+    for rel, within, said in ((-0.5, None, "timing.rel_noise is -0.5"), (float("nan"), None, "rel_noise is nan"),
+                              (0.0, 0.0, "rel_noise 0 is not hypot(")):
+        code, out, err = run_cli(["recommend", str(_injected(tmp_path, edit(rel, within))), "--emit", "env"], capsys)
+        assert code == 2 and said in err and f"{VAR}=64" not in out, err
+
+
+def test_weights_overflow_and_duplicates(tmp_path, capsys):
+    """Issue 33: `--weights 256=1e308,16384=1e308` gave exit 3; `--weights 256=1,256=2` kept the last."""
+    f = _planted(tmp_path)
+    code, big, err = run_cli(["recommend", str(f), "--emit", "json", "--weights", "256=1e308,16384=1e308"], capsys)
+    assert code == 0, err
+    code, one, _ = run_cli(["recommend", str(f), "--emit", "json", "--weights", "256=1,16384=1"], capsys)
+    assert json.loads(big)["switches"][0]["mix"] == json.loads(one)["switches"][0]["mix"]
+    code, _, err = run_cli(["recommend", str(f), "--weights", "256=1e308,16384=1e308"], capsys)
+    assert code == 0, err
+    for cmd in (["--emit", "env"], []):
+        code, _, err = run_cli(["recommend", str(f), *cmd, "--weights", "256=1,256=2"], capsys)
+        assert code == 2 and "tokens=256 is given twice" in err

@@ -112,6 +112,10 @@ def test_the_timing_setting_is_validated_in_specs_and_overrides():
 
 def test_the_auto_path_is_under_the_repository_root():
     assert N.auto_path("count-block", "h200") == PACKAGE_ROOT / "results" / "h200" / "noise" / "count-block.json"
+    # a sweep name read from a results file never builds a path outside the models folder
+    for sweep, slug in (("../../../etc/x", "h200"), ("count-block", "../h200"), ("..", "h200"), ({"a": 1}, "h200")):
+        assert N.auto_path(sweep, slug) is None
+    assert "not a plain name" in N.resolve("auto", sweep="../../x", device_name="NVIDIA H200", device_slug="h200").note
 
 
 # ----------------------------------------------------------------------------------- the timer

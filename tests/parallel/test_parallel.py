@@ -372,14 +372,18 @@ def _edited(src: Path, dst: Path, edit) -> Path:
 @pytest.mark.parametrize("what, edit, shown", [
     ("spec sha256", lambda d: d["provenance"].update(spec_sha256="f" * 64), "ffffffffffff"),
     ("device", lambda d: d["provenance"]["device"].update(name="NVIDIA H200"), "'NVIDIA H200'"),
-])
+    ("timing settings", lambda d: d["provenance"]["timing"].update(l2="cold"), "l2: 'warm' -> 'cold'"),
+    ("timing settings", lambda d: d["provenance"]["timing"].update(max_seconds=2.0), "max_seconds: 1.0 -> 2.0"),
+    ("kill-switch settings", lambda d: d["provenance"]["settings"]["switches"].update(MCORE_COUNT_TOKENS_BLOCK="64"),
+     "$MCORE_COUNT_TOKENS_BLOCK: None -> '64'"),
+], ids=["spec", "device", "l2", "noise-only", "switch"])
 def test_merge_refuses_mixed_inputs(swept, tmp_path, capsys, what, edit, shown):
     _, runs = swept
     other = _edited(runs["s1"], tmp_path / "other.json", edit)
     code, out, err = run_cli(["merge", str(runs["s0"]), str(other), "-o", str(tmp_path / "m")], capsys)
     assert code == 2
     line = err.strip()
-    assert "\n" not in line and line.startswith(f"error: cannot merge: {what} differs: ")
+    assert "\n" not in line and line.startswith(f"error: cannot merge: {what} differ")
     assert str(runs["s0"]) in line and str(other) in line and shown in line
     assert not (tmp_path / "m.json").exists()
 
