@@ -14,7 +14,7 @@ from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN
                                  listing_console, print_markdown, render_table, select_backend, use_sources, wants_markdown)
 from moebench.errors import BackendError, UsageError
 
-app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
+app = typer.Typer()
 REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to print beside the measurement: "
                              + ", ".join(reference_names()) + ".")
 
