@@ -174,3 +174,24 @@ def test_help_lists_the_exit_codes(capsys):
     for bit in ("0 ok", "1 a case failed", "2 a usage, spec or results-file error", "3 an internal error",
                 "130/143 interrupted"):
         assert bit in text, bit
+
+
+def test_timings_table_adds_up_to_the_wall(tmp_path, capsys):
+    """--timings: a table on stderr of where the wall went, whose rows add up to its total; the
+    results JSON carries the rows up to its writing (provenance.wall_phases). -v prints it too."""
+    spec = write_spec(tmp_path, SMALL)
+    code, _, err = run_cli(["sweep", str(spec), "--out", str(tmp_path / "r"), "--timings"], capsys)
+    assert code == 0, err
+    table = err[err.index("Where the wall time went"):]
+    for row in ("python start", "imports", "parsing the command line", "backend (import torch, triton)",
+                "spec and cases", "cases: compile + checked launch", "writing the results files", "other", "total"):
+        assert row in table, row
+    phases = json.loads((tmp_path / "r" / "cpu-interpreter" / "small.json").read_text())["provenance"]["wall_phases"]
+    rows = {k: v for k, v in phases.items() if k != "total"}
+    assert abs(sum(rows.values()) - phases["total"]) < 1e-6 and all(v >= 0 for v in rows.values())
+    assert any(k.startswith("cases: ") for k in rows) and "cases" not in rows  # split into the cases' phases
+    assert not any("background" in k for k in rows)  # threads that overlapped the cases are not added
+    code, _, err = run_cli(["-v", "verify", "count-block", "--quick", "--out", str(tmp_path / "v")], capsys)
+    assert code == 0 and "Where the wall time went" in err
+    code, _, err = run_cli(["sweep", str(spec), "--out", str(tmp_path / "w")], capsys)
+    assert code == 0 and "Where the wall time went" not in err
