@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +15,7 @@ from moebench.analysis.reference import reference_names
 from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, TABLE_FORMAT_OPT, err, out,
                                  listing_console, print_markdown, render_table, select_backend, use_sources, wants_markdown)
 from moebench.errors import BackendError, UsageError
+from moebench.report.catalogue import default_text, family_doc
 
 app = typer.Typer()
 REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to print beside the measurement: "
@@ -35,20 +38,33 @@ def validate(paths: list[str] = typer.Argument(..., help="Spec files or names.")
         out.print(f"{spec.path}: ok — {n} cases (quick {nq}{nv})")
 
 
-@app.command("list", short_help="Families, variants, upstream kernels, sweeps, model configs, references.")
+@app.command("list", short_help="Families, variants, upstream kernels, sweeps, model configs, references; "
+             "or one family's parameters.")
 def list_(
+    family: Optional[str] = typer.Argument(None, metavar="[FAMILY]", help="A family: every parameter its builders "
+                                           "receive, the variants, their kill switches and sources."),
+    as_json: bool = typer.Option(False, "--json", help="Print the families (or FAMILY) as JSON."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
     try_import: bool = typer.Option(False, "--import", help="Import each upstream kernel (needs torch; megatron-core "
                                     "takes ~15 s) instead of only finding it in the source."),
 ):
     """Families, variants (with where each comes from), upstream kernels, built-in sweeps, model
-    configs and the shipped reference tables."""
+    configs and the shipped reference tables; with FAMILY, every parameter a builder of that family
+    receives (shape or launch, type, default, meaning), what it adds at resolve time, its rules and
+    its variants with their parameters, kill switches and sources."""
     from moebench.core.spec import builtin_models, builtin_sweeps
     from moebench.core.family import broken, catalogue
     from moebench.sources import upstream
 
     use_sources(plugin, megatron_lm)
+    if family is not None or as_json:
+        docs = [family_doc(_family(family))] if family is not None else [family_doc(f) for f in catalogue().values()]
+        if as_json:
+            print_markdown(json.dumps(docs[0] if family is not None else {"families": docs}, indent=2, default=str))
+        else:
+            print_family(listing_console(), docs[0])
+        return
     con = listing_console()
     rows = []  # (family, variant, launch params, source, what it is)
     for fam in catalogue().values():
@@ -93,6 +109,50 @@ def list_(
     con.print("Model configs: " + ", ".join(p.stem for p in builtin_models()))
     con.print("References (published tables for show/plot --reference NAME, recommend ref:NAME): "
               + ", ".join(reference_names()))
+
+
+def _family(name: str):
+    """A family by name for `list FAMILY`; an unknown one is a usage error listing the families."""
+    from moebench.core.family import catalogue, family_error
+
+    cat = catalogue()
+    if name not in cat:
+        raise UsageError(family_error(name) or f"list: unknown family {name!r}; families: {', '.join(cat)}")
+    return cat[name]
+
+
+def print_family(con, doc: dict) -> None:
+    """`list FAMILY` as plain text wrapped to the console: a line per parameter (name, shape or
+    launch, type, default) with its meaning under it, what resolving adds, the rules, the variants."""
+    width = con.width
+    lines = _wrap(f"{doc['family']} ({doc['origin']}): {doc['doc']}", "", width)
+    lines += ["", "Parameters: what a builder gets as params[NAME] (a launch parameter the variant does not take "
+              "is None)"]
+    w = max(len(r["name"]) for r in doc["params"])
+    for r in doc["params"]:
+        lines.append(f"  {r['name']:<{w}}  {r['role']:<6}  {r['type']:<5}  default {default_text(r)}")
+        lines += _wrap("; ".join(x for x in (r["help"], f"accepts {r['accepts']}") if x), "      ", width)
+    if doc["added_at_resolve"]:
+        lines += ["", "Added to params when a case is resolved:"]
+        for r in doc["added_at_resolve"]:
+            lines += _wrap(f"  {r['name']} (variants: {', '.join(r['variants'])}): {r['help']}", "      ", width)
+    if doc["rules"]:
+        lines += ["", "Rules:"] + [x for r in doc["rules"] for x in _wrap(f"  {r['rule']}: {r['why']}", "      ",
+                                                                            width)]
+    lines += ["", "Variants:"]
+    for v in doc["variants"]:
+        switches = "; ".join(f"{k} from ${s['variable']}, shipped default {s['shipped_default']}"
+                             for k, s in v["kill_switches"].items())
+        lines += _wrap(f"  {v['name']} ({v['source']}): launch params {', '.join(v['params']) or 'none'}"
+                       + (f"; {switches}" if switches else ""), "      ", width)
+        lines += _wrap(v["doc"], "      ", width)
+    con.print("\n".join(lines), soft_wrap=True, highlight=False)
+
+
+def _wrap(text: str, indent: str, width: int) -> list[str]:
+    """`text` wrapped to `width` (its later lines, or all with `indent`), never inside a word."""
+    return textwrap.wrap(text, width, initial_indent="" if text.startswith(" ") else indent, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def _listing(rows) -> str:

@@ -195,3 +195,36 @@ def test_timings_table_adds_up_to_the_wall(tmp_path, capsys):
     assert code == 0 and "Where the wall time went" in err
     code, _, err = run_cli(["sweep", str(spec), "--out", str(tmp_path / "w")], capsys)
     assert code == 0 and "Where the wall time went" not in err
+
+
+def test_list_family_names_every_key_a_builder_receives(capsys):
+    """`list FAMILY`: every parameter a builder's params can hold (shape or launch, type, default,
+    meaning), the keys resolving adds, the variants' kill switches; checked against what resolving a
+    real case of each built-in sweep hands a builder."""
+    from moebench.core.cases import expand
+    from moebench.core.device import detect
+    from moebench.core.spec import load_spec
+
+    code, out, _ = run_cli(["list", "count"], capsys)
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.split()[:1] == ["local_expert_start"])
+    assert line.split()[1:5] == ["shape", "int", "default", "0"] and "first local expert id" in out
+    assert next(x for x in out.splitlines() if x.split()[:1] == ["block_size"]).split()[1] == "launch"
+    assert "block_size from $MCORE_COUNT_TOKENS_BLOCK, shipped default 128" in " ".join(out.split())
+    for sweep in ("count-block", "act-grid", "layer"):
+        spec = load_spec(sweep)
+        code, out, _ = run_cli(["list", spec.family.name, "--json"], capsys)
+        assert code == 0
+        doc = json.loads(out)
+        listed = {p["name"] for p in doc["params"]} | {a["name"] for a in doc["added_at_resolve"]}
+        assert all(p["help"] for p in doc["params"])
+        for case in expand(spec, quick=True):
+            params, _ = spec.family.resolve(case.variant, case.params, detect(True), {})
+            assert set(params) <= listed, (sweep, set(params) - listed)
+    assert {a["name"] for a in doc["added_at_resolve"]} == {"count_resolved", "act_resolved"}  # the layer's
+
+
+def test_list_unknown_family_is_a_usage_error_naming_the_families(capsys):
+    code, out, err = run_cli(["list", "nope"], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "unknown family 'nope'" in err and all(f in err for f in ("count", "act", "layer", "combine"))
