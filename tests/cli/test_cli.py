@@ -228,3 +228,13 @@ def test_list_unknown_family_is_a_usage_error_naming_the_families(capsys):
     code, out, err = run_cli(["list", "nope"], capsys)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "unknown family 'nope'" in err and all(f in err for f in ("count", "act", "layer", "combine"))
+
+
+@pytest.mark.parametrize("variant,hint", [("histogram", "pass --plugin FILE.py, or list it in the spec's plugins:"),
+                                          ("capped", "'capped' is a variant of family act")])
+def test_unknown_variant_names_the_plugin_option_and_the_known_variants(tmp_path, capsys, variant, hint):
+    spec = write_spec(tmp_path, SMALL.replace("variants: [persistent, nonpersistent]", f"variants: [{variant}]"))
+    code, _, err = run_cli(["validate", str(spec)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"variants[0].variant: unknown variant {variant!r}; family 'count' has persistent, shipped" in err
+    assert hint in err
