@@ -8,10 +8,10 @@ later code to trip over (an exit 3), be swallowed by a library's bare `except`, 
 traceback. Standard library only, and written for any Python 3 (moebench/__main__.py runs it
 before checking the interpreter's version).
 
-The wall table (`--timings`, `-v`): `phase(name)` adds the seconds of a stage of the command to
-its row, `mark(name)` the time since the last one; `wall_rows()` lists the rows in the order they first ran, from the process's start (the
-interpreter's own start-up, read from /proc where there is one) to now, with `other` for what no
-row covers, so the rows add up to the total.
+The wall table (`--timings`, `-v`): `phase(name)` adds the seconds of a stage to its row, `add`
+seconds measured elsewhere, `mark(name)` the time no row holds yet; `wall_rows()` lists the rows in
+the order they first ran, from the process's start (the interpreter's own start-up, read from /proc
+where there is one) to now, with `other` for what no row covers: the rows add up to the total.
 """
 
 import os
@@ -55,19 +55,8 @@ def mark(name):
     _ROWS[name] = _ROWS.get(name, 0.0) + max(0.0, time.perf_counter() - T0 - sum(_ROWS.values()))
 
 
-def split(name, parts):
-    """Replace the row `name` by its parts ({part: seconds}, each spent inside it) and its rest."""
-    if name not in _ROWS:
-        return
-    rows = list(_ROWS.items())
-    _ROWS.clear()
-    for key, seconds in rows:
-        if key != name:
-            _ROWS[key] = seconds
-            continue
-        for part, s in parts.items():
-            _ROWS[name + ": " + part] = s
-        _ROWS[name + ": the rest (driver, progress, the stream)"] = max(0.0, seconds - sum(parts.values()))
+def add(name, seconds):
+    _ROWS[name] = _ROWS.get(name, 0.0) + seconds
 
 
 def restart():

@@ -132,8 +132,6 @@ def _main() -> None:
         err.print(f"error: {e}" if not isinstance(e, Interrupted) else str(e), markup=False, highlight=False,
                   soft_wrap=True)
         sys.exit(int(e.exit_code))
-    except typer.Exit as e:
-        sys.exit(int(e.exit_code))
     except KeyboardInterrupt as e:
         err.print("interrupted", markup=False)
         sys.exit(ExitCode.INTERRUPTED + getattr(e, "signum", 2))

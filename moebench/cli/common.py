@@ -68,25 +68,26 @@ def fit_consoles() -> None:
 parse_formats = check_formats
 
 
-def interpreter_wanted(interpret: bool) -> bool:
-    """Whether kernels run under the interpreter: --interpret, TRITON_INTERPRET=1, or no CUDA.
-    Imports torch either way: every backend needs it."""
+def backend(interpret: bool) -> bool:
+    """Set up the backend a run's kernels need and say whether it is the interpreter (--interpret,
+    TRITON_INTERPRET=1, or no CUDA device): torch and triton imported, and under the interpreter
+    TRITON_INTERPRET set before any kernel module (a plugin's too) is imported."""
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401 - every backend needs it: imported here, in the wall table's backend row
 
-        return want_interpreter(interpret)
+        use_interp = want_interpreter(interpret)
     except ImportError as e:  # torch is not installed in this Python
         raise BackendError(f"{e.name or 'torch'} is not importable here; `make install` sets up .venv with "
                            "it") from None
+    if use_interp:
+        interpreter.enable()
+    require_triton()
+    return use_interp
 
 
 def select_backend(interpret: bool):
-    """The device a run uses: the CUDA device, or the Triton interpreter on the CPU (with
-    --interpret, TRITON_INTERPRET=1, or no CUDA device)."""
-    use_interp = interpreter_wanted(interpret)
-    require_triton()
-    if use_interp:
-        interpreter.enable()  # before any kernel module is imported
+    """The device a run uses: the CUDA device, or the Triton interpreter on the CPU."""
+    use_interp = backend(interpret)
     with startup.phase("device (CUDA init, properties, NVML)"):
         return detect(use_interp)
 
@@ -122,7 +123,7 @@ def first_interrupt(signum, frame) -> None:
     """The first Ctrl-C or SIGTERM: raised as KeyboardInterrupt where it lands (a run stops between
     cases and keeps what it finished), except in the middle of an import, where unwinding would
     leave a module half imported (later code then fails on it) or meet a library's bare `except`
-    that swallows it. There it waits: in a run (`sigterm_as_interrupt`), until the run's next event
+    that swallows it. There it waits: in a run (`in_run`), until the run's next event
     (`raise_pending`); elsewhere nothing is written yet, so the command leaves at once."""
     STATE["signalled"] = signum
     signal.signal(signal.SIGINT, second_interrupt)
@@ -159,21 +160,15 @@ def install_interrupts() -> None:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """The interrupt handlers for the span of a run (main() installs them for the whole command;
-    this keeps a caller that runs a sweep outside main() covered too)."""
-    old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+def in_run() -> Iterator[None]:
+    """The span of a run's event loop (main() installed the handlers): a first signal that lands in
+    an import there waits for the run's next event (`raise_pending`) instead of ending the command."""
     was = STATE.get("in_run")
-    if signal.getsignal(signal.SIGINT) is not second_interrupt:
-        install_interrupts()
     STATE["in_run"] = True
     try:
         yield
     finally:
         STATE["in_run"] = was
-        if signal.getsignal(signal.SIGINT) is first_interrupt:  # after a first interrupt the second stays armed
-            signal.signal(signal.SIGINT, old[0])
-            signal.signal(signal.SIGTERM, old[1])
 
 
 def render_table(title: str, t, metric: str, corner: str) -> Table:
@@ -372,9 +367,7 @@ def use_sources(plugin_files, megatron_lm, interpret: bool | None = None) -> Non
     if interpret is not None:
         with startup.phase("backend (import torch, triton)"):
             try:
-                if interpreter_wanted(interpret):
-                    interpreter.enable()
-                require_triton()
+                backend(interpret)
             except BackendError:  # no torch or triton here: only a host-only family can run, and it needs neither
                 pass
     if megatron_lm is not None:

@@ -16,7 +16,7 @@ from rich.text import Text
 from moebench import startup
 from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_formats,
                                  print_failures, print_pivots, print_timings, raise_pending, select_backend,
-                                 sigterm_as_interrupt, use_sources)
+                                 in_run, use_sources)
 from moebench.core.cases import expand, varying_params
 from moebench.core.device import host_device, load_or_measure_ceilings
 from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
@@ -193,10 +193,12 @@ def run_locked(p: Plan, w: Where, a: Args, dest: Path, stem: str):
                    traceback=STATE["verbose"], case_limit_s=a.case_limit or None)
     events = run_sweep(spec, p.cases, opts, w.device, done=done, environ=w.environ,
                        **run_workers(p, w, a, opts))  # made lazily
-    with startup.phase("cases"):
-        summary = drive(p, events, writer, len(p.cases) - len(done))
-    # the cases' own phases; threads that built inputs ahead of the cases overlapped them
-    startup.split("cases", {k: v for k, v in summary.phases.items() if "background" not in k})
+    startup.mark("checks (options, output folder, lock)")
+    summary = drive(p, events, writer, len(p.cases) - len(done))
+    for k, v in summary.phases.items():  # the cases' own phases (threads that built inputs ahead overlapped them)
+        if "background" not in k:
+            startup.add(f"cases: {k}", v)
+    startup.mark("cases: the rest (driver, progress, the stream)")
     records = summary.records
     prov.update(summary_fields(summary))
     with startup.phase("writing the results files and page (import pandas)"):
@@ -241,7 +243,7 @@ def drive(p: Plan, events, writer, todo: int):
     """The run driver's events onto the progress bar and into the results writer; returns the
     Summary (an incomplete one when interrupted)."""
     summary = None
-    with sigterm_as_interrupt(), Bar(p.spec.name, todo) as bar:
+    with in_run(), Bar(p.spec.name, todo) as bar:
         try:
             for ev in events:
                 if isinstance(ev, Started):
