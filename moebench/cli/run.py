@@ -18,7 +18,9 @@ from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, B
                                  print_failures, print_pivots, print_timings, raise_pending, select_backend,
                                  in_run, use_sources)
 from moebench.core.cases import expand, varying_params
+from moebench.core.counters import note as counters_note
 from moebench.core.device import host_device, load_or_measure_ceilings
+from moebench.core.noise import apply as apply_noise, setting_problem
 from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
 from moebench.core.passes import check_cross_checks, select
 from moebench.core.pipeline import Options
@@ -68,8 +70,6 @@ class Plan:
 
 def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | None = None, shard: str | None = None,
          timing: str | None = None, noise: str | None = None) -> Plan:
-    from moebench.core.noise import setting_problem
-
     spec = load_spec(spec_name)
     if l2 is not None:
         if l2 not in ("warm", "cold"):
@@ -138,8 +138,6 @@ def where(p: Plan, a: Args) -> Where:
     select(a.cross, backend=device.backend, timed=timed, workers=bool(gpus) or a.isolate)  # one that cannot run: exit 2
     chosen = None
     if time_it:  # the measured run-to-run term (moebench.core.noise); a malformed model: exit 2 here
-        from moebench.core.noise import apply as apply_noise
-
         with startup.phase("noise model"):
             chosen = apply_noise(spec, device)
         if timed and chosen.note:
@@ -300,8 +298,6 @@ def finish(p: Plan, w: Where, a: Args, records: list, summary, written) -> int:
                       + (" (excluded from timings)" if w.timed else ""))
         print_failures(records, p.vary)
         if "counters" in a.cross:
-            from moebench.core.counters import note as counters_note
-
             missing = counters_note(records)
             if missing:
                 err.print(missing, style="yellow", markup=False, highlight=False, soft_wrap=True)
