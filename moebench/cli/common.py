@@ -332,10 +332,11 @@ def print_failures(records, vary=()) -> None:
 
 
 # Options of the commands that print tables (show, compare, recommend, ab): markdown to paste into a PR.
-MARKDOWN_OPT = typer.Option(False, "--markdown", help="Print the tables as markdown pipe tables, ready to paste "
-                            "into a pull request, instead of terminal tables (the same as --format md).")
-TABLE_FORMAT_OPT = typer.Option("table", "--format", help="table (terminal tables) or md (markdown pipe tables, as "
-                                "--markdown).")
+MARKDOWN_OPT = typer.Option(False, "--markdown", rich_help_panel="Output", help="Print the tables as markdown pipe "
+                            "tables, ready to paste into a pull request, instead of terminal tables (the same as "
+                            "--format md).")
+TABLE_FORMAT_OPT = typer.Option("table", "--format", rich_help_panel="Output", help="table (terminal tables) or md "
+                                "(markdown pipe tables, as --markdown).")
 
 
 def wants_markdown(markdown: bool, fmt: str) -> bool:

@@ -248,6 +248,8 @@ def test_sweep_help_is_in_panels_in_a_pipe_and_a_terminal(capsys):
         assert "'moebench[nvbench]'" in " ".join(text.replace("│", " ").split())  # not eaten as markup
     code, stdout, _ = run_cli(["verify", "--help"], capsys)
     assert code == 0 and "─ What to run ─" in stdout and "─ Scale-out ─" in stdout
+    code, stdout, _ = run_cli(["ab", "--help"], capsys)
+    assert code == 0 and all(f"─ {panel} ─" in stdout for panel in ("The arms", "What to run", "Output"))
 
 
 def test_every_option_has_help_and_no_bool_placeholders(capsys):
