@@ -196,7 +196,7 @@ def run_locked(p: Plan, w: Where, a: Args, dest: Path, stem: str):
     for k, v in summary.phases.items():  # the cases' own phases (threads that built inputs ahead overlapped them)
         if "background" not in k:
             startup.add(f"cases: {k}", v)
-    startup.mark("cases: the rest (driver, progress, the stream)")
+    startup.mark("cases: the rest (driver, workers, progress, the stream)")
     records = summary.records
     prov.update(summary_fields(summary))
     with startup.phase("writing the results files and page (import pandas)"):
