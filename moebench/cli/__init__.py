@@ -84,9 +84,8 @@ def entry() -> None:
         main()
     except SystemExit as e:
         code = e.code
-    except KeyboardInterrupt as e:  # one that escaped main's handlers (seen once, on a loaded machine):
-        # still an interrupt, never a traceback. Python would print one and exit 1 for a subclass of
-        # KeyboardInterrupt (Signalled) that reaches the top.
+    except KeyboardInterrupt as e:  # one that escaped main's handlers: still an interrupt, never a traceback
+        # (Python would print one and exit 1 for Signalled, a subclass of KeyboardInterrupt)
         startup.exit_now(getattr(e, "signum", 2))
     leave(code)
 
