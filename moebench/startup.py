@@ -1,4 +1,4 @@
-"""Signals before the command line is up: the first thing `moebench` does, before any import.
+"""The first thing `moebench` does, before any import: signals, and the clock of the wall table.
 
 From its first line `moebench` answers SIGTERM with exit 143 and Ctrl-C with exit 130. Until
 `moebench.cli.main` installs the handlers that stop a run between cases (moebench.cli.common), a
@@ -7,13 +7,72 @@ middle of the start-up imports (typer, rich, pandas, numpy) could leave a module
 later code to trip over (an exit 3), be swallowed by a library's bare `except`, or print a
 traceback. Standard library only, and written for any Python 3 (moebench/__main__.py runs it
 before checking the interpreter's version).
+
+The wall table (`--timings`, `-v`): `phase(name)` adds the seconds of a stage to its row, `add`
+seconds measured elsewhere, `mark(name)` the time no row holds yet; `wall_rows()` lists the rows in
+the order they first ran, from the process's start (the interpreter's own start-up, read from /proc
+where there is one) to now, with `other` for what no row covers: the rows add up to the total.
 """
 
 import os
 import signal
 import sys
+import time
+from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+T0 = time.perf_counter()  # when moebench's first line ran
+
+
+def _since_exec():
+    """Seconds from this process's start to now, from /proc (Linux); None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = float(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return up - started if 0 <= up - started < 60 else None
+
+
+PYTHON_START = _since_exec()  # the interpreter's start-up before T0 (resolution 10 ms)
+_ROWS = {}  # stage -> seconds, in the order the stages first ran
+
+
+@contextmanager
+def phase(name):
+    """Time the stage `name` of this command (repeated stages add up)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        _ROWS[name] = _ROWS.get(name, 0.0) + time.perf_counter() - t
+
+
+def mark(name):
+    """The time since the last stage ended, or since T0, that no row holds yet goes to row `name`."""
+    _ROWS[name] = _ROWS.get(name, 0.0) + max(0.0, time.perf_counter() - T0 - sum(_ROWS.values()))
+
+
+def add(name, seconds):
+    _ROWS[name] = _ROWS.get(name, 0.0) + seconds
+
+
+def restart():
+    """A new command in this process (in-process callers run several): the table starts again."""
+    global T0, PYTHON_START
+    T0, PYTHON_START = time.perf_counter(), None
+    _ROWS.clear()
+
+
+def wall_rows():
+    """[(stage, seconds)] from the process's start to now: the interpreter's start-up, the timed
+    stages, `other` for the rest, and `total` last; the rows before `total` add up to it."""
+    rows = [("python start", PYTHON_START or 0.0)] + list(_ROWS.items())
+    total = (PYTHON_START or 0.0) + time.perf_counter() - T0
+    rows.append(("other", max(0.0, total - sum(s for _, s in rows))))
+    return rows + [("total", total)]
 
 
 def exit_now(signum, message="interrupted"):

@@ -21,19 +21,19 @@ from moebench import startup
 if startup.is_the_command():  # the console script: SIGTERM/Ctrl-C exit 143/130 during the imports below too
     startup.exit_on_signals()
 
-import os
+import signal
 import sys
+import traceback
 
 import typer
+from rich.markup import escape
 
 from moebench.cli import analysis, history, info, parallel, run
 from moebench.cli.common import STATE, err, fit_consoles, install_interrupts
+from moebench.core.tritonpatch import leave
 from moebench.errors import ExitCode, Interrupted, MoebenchError
 
-# Help is plain text (no rich panels: they print <bool> for every flag and keep a docstring's line
-# breaks), wrapped at the terminal's width however wide, not click's default cap of 80 columns.
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  context_settings={"max_content_width": 10_000},
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="rich",
                   help="CUDA-graph microbenchmarks for the small kernels of MoE inference.\n\n"
                        "Exit codes: 0 ok; 1 a case failed; 2 a usage, spec or results-file error; 3 an internal "
                        "error (a bug); 130/143 interrupted (completed records saved).")
@@ -43,8 +43,37 @@ app.add_typer(history.app, name="history")
 
 
 @app.callback()
-def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors.")):
-    STATE["verbose"] = verbose
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors, and where a run's "
+                                       "wall time went (as --timings).")):
+    STATE["verbose"] = STATE["timings"] = verbose
+
+
+def command():
+    """The click command of `app`, its help made to print as written in rich's panels: markup in
+    a help text is escaped (a `[nvbench]` stays), a paragraph's line breaks (a docstring's wrapping)
+    are joined, and a flag shows no `<bool>` type beside it."""
+    def tidy(cmd) -> None:
+        if cmd.help:
+            cmd.help = escape("\n\n".join(" ".join(p.split()) for p in cmd.help.split("\n\n")))
+        try:  # click makes the --help option when first asked for it, and keeps it
+            help_option = [cmd.get_help_option(cmd.context_class(cmd))]
+        except Exception:  # noqa: BLE001 - another click: its --help keeps its look
+            help_option = []
+        for p in cmd.params + [h for h in help_option if h is not None]:
+            if getattr(p, "help", None):
+                p.help = escape(p.help)
+            if getattr(p, "is_flag", False):
+                p.metavar = ""
+        for sub in getattr(cmd, "commands", {}).values():
+            tidy(sub)
+
+    cmd = typer.main.get_command(app)
+    tidy(cmd)
+    return cmd
+
+
+startup.mark("imports (typer, rich, the command line)")  # from moebench's first line to here
+_RAN = []  # commands main() ran in this process (in-process callers run several)
 
 
 def entry() -> None:
@@ -55,20 +84,16 @@ def entry() -> None:
         main()
     except SystemExit as e:
         code = e.code
-    except KeyboardInterrupt as e:  # one that escaped main's handlers (seen once, on a loaded machine):
-        # still an interrupt, never a traceback. Python would print one and exit 1 for a subclass of
-        # KeyboardInterrupt (Signalled) that reaches the top.
-        from moebench.startup import exit_now
-
-        exit_now(getattr(e, "signum", 2))
-    from moebench.core.tritonpatch import leave
-
+    except KeyboardInterrupt as e:  # one that escaped main's handlers: still an interrupt, never a traceback
+        # (Python would print one and exit 1 for Signalled, a subclass of KeyboardInterrupt)
+        startup.exit_now(getattr(e, "signum", 2))
     leave(code)
 
 
 def main() -> None:
-    import signal
-
+    if _RAN:
+        startup.restart()
+    _RAN.append(sys.argv[1:])
     fit_consoles()
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
@@ -94,7 +119,7 @@ def main() -> None:
 
 def _main() -> None:
     try:
-        rc = app(standalone_mode=False)  # click hands typer.Exit's code back in this mode
+        rc = command()(standalone_mode=False)  # click hands typer.Exit's code back in this mode
         signum = STATE.get("signalled")
         if signum and rc == ExitCode.INTERRUPTED + 2:  # typer turns a KeyboardInterrupt into a silent Exit(130)
             err.print("interrupted", markup=False)
@@ -102,13 +127,9 @@ def _main() -> None:
         sys.exit(int(rc) if isinstance(rc, int) else ExitCode.OK)
     except MoebenchError as e:
         if STATE["verbose"]:
-            import traceback
-
             traceback.print_exc()
         err.print(f"error: {e}" if not isinstance(e, Interrupted) else str(e), markup=False, highlight=False,
                   soft_wrap=True)
-        sys.exit(int(e.exit_code))
-    except typer.Exit as e:
         sys.exit(int(e.exit_code))
     except KeyboardInterrupt as e:
         err.print("interrupted", markup=False)

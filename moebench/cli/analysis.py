@@ -25,7 +25,7 @@ from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN
 from moebench.core.text import md_table, num
 from moebench.errors import BackendError, ExitCode, UsageError
 
-app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
+app = typer.Typer()
 
 def _ab_table(pairs: list[ABPair], layers: int | None, per_launch) -> Table:
     t = Table(title="A/B per case (µs per launch; ON - OFF)", title_justify="left")
@@ -51,19 +51,26 @@ def _ab_table(pairs: list[ABPair], layers: int | None, per_launch) -> Table:
 @app.command(short_help="Interleaved OFF/ON A/B of two configurations.")
 def ab(
     spec: str = typer.Argument(..., help="Sweep name (sweeps/NAME.yaml) or path to a spec file."),
-    off: Optional[list[str]] = typer.Option(None, "--off", help="KEY=VAL (a spec parameter) or env:NAME=VAL for "
-                                            "the control arms; repeat for several."),
-    on: Optional[list[str]] = typer.Option(None, "--on", help="KEY=VAL or env:NAME=VAL for the candidate arms."),
-    arms: int = typer.Option(4, "--arms", help="Arms in total, alternating OFF/ON (even, >= 2)."),
-    iters: int = typer.Option(5, "--iters", help="Timed measurements per arm and case (>= 2)."),
-    quick: bool = typer.Option(False, "--quick", help="Use the spec's small CI smoke shape."),
-    out_dir: Path = typer.Option(DEFAULT_OUT, "--out", help="Results root; files go to OUT/<device>/."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="List the OFF/ON pairs and the schedule, run nothing."),
+    off: Optional[list[str]] = typer.Option(None, "--off", rich_help_panel="The arms", help="KEY=VAL (a spec "
+                                            "parameter) or env:NAME=VAL for the control arms; repeat for several."),
+    on: Optional[list[str]] = typer.Option(None, "--on", rich_help_panel="The arms", help="KEY=VAL or env:NAME=VAL "
+                                           "for the candidate arms."),
+    arms: int = typer.Option(4, "--arms", rich_help_panel="The arms", help="Arms in total, alternating OFF/ON (even, "
+                             ">= 2)."),
+    iters: int = typer.Option(5, "--iters", rich_help_panel="The arms", help="Timed measurements per arm and case "
+                              "(>= 2)."),
+    quick: bool = typer.Option(False, "--quick", rich_help_panel="What to run", help="Use the spec's small CI smoke "
+                               "shape."),
+    dry_run: bool = typer.Option(False, "--dry-run", rich_help_panel="What to run", help="List the OFF/ON pairs and "
+                                 "the schedule, run nothing."),
+    out_dir: Path = typer.Option(DEFAULT_OUT, "--out", rich_help_panel="Output", help="Results root; files go to "
+                                 "OUT/<device>/."),
+    markdown: bool = typer.Option(False, "--markdown", rich_help_panel="Output", help="Print only the markdown block "
+                                  "for the PR description (pipe tables; with --dry-run, the plan as one), no terminal "
+                                  "tables."),
+    fmt: str = TABLE_FORMAT_OPT,
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
-    markdown: bool = typer.Option(False, "--markdown", help="Print only the markdown block for the PR description "
-                                  "(pipe tables; with --dry-run, the plan as one), no terminal tables."),
-    fmt: str = TABLE_FORMAT_OPT,
 ):
     """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
     separation, pooled sd, effect in noise units, per-step projection, and a PR-ready markdown block."""

@@ -10,21 +10,34 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
+from moebench import startup
+from moebench.analysis import metric_of
+from moebench.core import interpret as interpreter
+from moebench.core.device import detect, require_triton, want_interpreter
+from moebench.core.records import check_formats
+from moebench.core.stats import median
+from moebench.core.text import ordered
 from moebench.errors import BackendError, UsageError
+from moebench.sources import plugins, upstream
 
 out = Console(markup=False, emoji=False)
 err = Console(stderr=True, markup=False, emoji=False)
-# verbose: -v; signalled: the first signal of this command; in_run: inside a run's event loop;
-# pending: a signal that landed in an import during a run, raised at the run's next event
-STATE: dict = {"verbose": False, "signalled": None, "in_run": False}
+# verbose: -v; timings: print the wall table at the end (--timings, -v); signalled: the first signal
+# of this command; in_run: inside a run's event loop; pending: a signal that landed in an import
+# during a run, raised at the run's next event
+STATE: dict = {"verbose": False, "timings": False, "signalled": None, "in_run": False}
 
 # Where runs write unless --out says otherwise: a folder git ignores, so a bare run leaves a clean
 # checkout and never touches the committed results/ (reference data, written only when named).
@@ -51,47 +64,32 @@ def fit_consoles() -> None:
         c.width = PIPE_WIDTH if not c.is_terminal else None  # type: ignore[assignment]
 
 
-def parse_formats(text: str, option: str = "--format") -> tuple[str, ...]:
-    """Known, non-empty, and each format's library importable: checked before anything runs."""
-    from moebench.core.records import check_formats
-
-    return check_formats(text, option)
+# --format's values: known, non-empty, and each format's library importable, checked before anything runs
+parse_formats = check_formats
 
 
-def parse_cross(text: str | None) -> tuple[str, ...]:
-    from moebench.core.passes import PASSES
-
-    if not text:
-        return ()
-    cs = tuple(c.strip() for c in text.split(",") if c.strip())
-    for c in cs:
-        if c not in PASSES:
-            raise UsageError(f"--cross-check: unknown check {c!r}; choose from {', '.join(PASSES)}")
-    return cs
-
-
-def interpreter_wanted(interpret: bool) -> bool:
-    """Whether kernels run under the interpreter: --interpret, TRITON_INTERPRET=1, or no CUDA."""
-    from moebench.core.device import want_interpreter
-
+def backend(interpret: bool) -> bool:
+    """Set up the backend a run's kernels need and say whether it is the interpreter (--interpret,
+    TRITON_INTERPRET=1, or no CUDA device): torch and triton imported, and under the interpreter
+    TRITON_INTERPRET set before any kernel module (a plugin's too) is imported."""
     try:
-        return want_interpreter(interpret)
+        import torch  # noqa: F401 - every backend needs it: imported here, in the wall table's backend row
+
+        use_interp = want_interpreter(interpret)
     except ImportError as e:  # torch is not installed in this Python
         raise BackendError(f"{e.name or 'torch'} is not importable here; `make install` sets up .venv with "
                            "it") from None
+    if use_interp:
+        interpreter.enable()
+    require_triton()
+    return use_interp
 
 
 def select_backend(interpret: bool):
-    """The device a run uses: the CUDA device, or the Triton interpreter on the CPU (with
-    --interpret, TRITON_INTERPRET=1, or no CUDA device)."""
-    from moebench.core import interpret as interpreter
-    from moebench.core.device import detect, require_triton
-
-    use_interp = interpreter_wanted(interpret)
-    require_triton()
-    if use_interp:
-        interpreter.enable()  # before any kernel module is imported
-    return detect(use_interp)
+    """The device a run uses: the CUDA device, or the Triton interpreter on the CPU."""
+    use_interp = backend(interpret)
+    with startup.phase("device (CUDA init, properties, NVML)"):
+        return detect(use_interp)
 
 
 class Signalled(KeyboardInterrupt):
@@ -125,7 +123,7 @@ def first_interrupt(signum, frame) -> None:
     """The first Ctrl-C or SIGTERM: raised as KeyboardInterrupt where it lands (a run stops between
     cases and keeps what it finished), except in the middle of an import, where unwinding would
     leave a module half imported (later code then fails on it) or meet a library's bare `except`
-    that swallows it. There it waits: in a run (`sigterm_as_interrupt`), until the run's next event
+    that swallows it. There it waits: in a run (`in_run`), until the run's next event
     (`raise_pending`); elsewhere nothing is written yet, so the command leaves at once."""
     STATE["signalled"] = signum
     signal.signal(signal.SIGINT, second_interrupt)
@@ -134,9 +132,7 @@ def first_interrupt(signum, frame) -> None:
         if STATE.get("in_run"):
             STATE["pending"] = signum
             return
-        from moebench.startup import exit_now
-
-        exit_now(signum)
+        startup.exit_now(signum)
     _raise(signum)
 
 
@@ -157,8 +153,6 @@ def raise_pending() -> None:
 def install_interrupts() -> None:
     """Ctrl-C and SIGTERM raise KeyboardInterrupt (a run stops between cases and keeps what it
     finished); a second one exits at once (`second_interrupt`). Main thread only, where signals arrive."""
-    import threading
-
     if threading.current_thread() is threading.main_thread():
         STATE["signalled"] = None
         signal.signal(signal.SIGINT, first_interrupt)
@@ -166,27 +160,19 @@ def install_interrupts() -> None:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """The interrupt handlers for the span of a run (main() installs them for the whole command;
-    this keeps a caller that runs a sweep outside main() covered too)."""
-    old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+def in_run() -> Iterator[None]:
+    """The span of a run's event loop (main() installed the handlers): a first signal that lands in
+    an import there waits for the run's next event (`raise_pending`) instead of ending the command."""
     was = STATE.get("in_run")
-    if signal.getsignal(signal.SIGINT) is not second_interrupt:
-        install_interrupts()
     STATE["in_run"] = True
     try:
         yield
     finally:
         STATE["in_run"] = was
-        if signal.getsignal(signal.SIGINT) is first_interrupt:  # after a first interrupt the second stays armed
-            signal.signal(signal.SIGINT, old[0])
-            signal.signal(signal.SIGTERM, old[1])
 
 
 def render_table(title: str, t, metric: str, corner: str) -> Table:
     """A pivot (rows x columns of one metric) as a rich table; failed cells in red."""
-    from rich.text import Text
-
     from moebench.report.sweep import fmt
 
     tab = Table(title=title or None, title_justify="left")
@@ -231,10 +217,7 @@ def print_pivots(spec, records, metric: str | None = None, page: Path | None = N
 def summary_table(records, metric: str) -> Table:
     """One row per variant label: how often each value of a categorical metric occurs (a path, a
     check verdict), or the least, median and largest value of a numeric one."""
-    from moebench.analysis import metric_of
     from moebench.report.sweep import STATUS_MARK
-    from moebench.core.stats import median
-    from moebench.core.text import ordered
 
     def value(r):
         if r.status != "ok":
@@ -273,16 +256,12 @@ class Bar:
     silent."""
 
     def __init__(self, description: str, total: int, every: float = 5.0):
-        import time
-
         self.description, self.total, self.every = description, total, every
         self.done, self.item = 0, ""
         self._clock = time.monotonic
         self._t0 = self._last = self._clock()
         self._rich = None
         if err.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             self._rich = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
                                   MofNCompleteColumn(), TimeElapsedColumn(),
                                   TextColumn("{task.fields[item]}", markup=False), console=err, transient=True)
@@ -353,10 +332,11 @@ def print_failures(records, vary=()) -> None:
 
 
 # Options of the commands that print tables (show, compare, recommend, ab): markdown to paste into a PR.
-MARKDOWN_OPT = typer.Option(False, "--markdown", help="Print the tables as markdown pipe tables, ready to paste "
-                            "into a pull request, instead of terminal tables (the same as --format md).")
-TABLE_FORMAT_OPT = typer.Option("table", "--format", help="table (terminal tables) or md (markdown pipe tables, as "
-                                "--markdown).")
+MARKDOWN_OPT = typer.Option(False, "--markdown", rich_help_panel="Output", help="Print the tables as markdown pipe "
+                            "tables, ready to paste into a pull request, instead of terminal tables (the same as "
+                            "--format md).")
+TABLE_FORMAT_OPT = typer.Option("table", "--format", rich_help_panel="Output", help="table (terminal tables) or md "
+                                "(markdown pipe tables, as --markdown).")
 
 
 def wants_markdown(markdown: bool, fmt: str) -> bool:
@@ -374,29 +354,39 @@ def print_markdown(text: str) -> None:
 
 
 # Options shared by the commands that run or list kernels.
-PLUGIN_OPT = typer.Option(None, "--plugin", help="A Python file that registers variants or families "
-                          "(repeatable); see README 'Benchmark your own kernel'.")
-MEGATRON_OPT = typer.Option(None, "--megatron-lm", help="A Megatron-LM checkout to import the upstream kernels from "
-                            "(sets $MOEBENCH_MEGATRON_LM); default: the installed megatron-core.")
+SOURCES = "Plugins and sources"  # their panel in a command's --help
+PLUGIN_OPT = typer.Option(None, "--plugin", rich_help_panel=SOURCES, help="A Python file that registers variants or "
+                          "families (repeatable); see README 'Benchmark your own kernel'.")
+MEGATRON_OPT = typer.Option(None, "--megatron-lm", rich_help_panel=SOURCES, help="A Megatron-LM checkout to import the "
+                            "upstream kernels from (sets $MOEBENCH_MEGATRON_LM); default: the installed megatron-core.")
 
 
 def use_sources(plugin_files, megatron_lm, interpret: bool | None = None) -> None:
     """Point the upstream imports at a checkout and run the plugin files, before any spec is read.
     A command that runs kernels passes `interpret`: the backend is decided first, since @triton.jit
     in a plugin (or a spec's plugin) reads TRITON_INTERPRET when the file runs."""
-    from moebench.sources import plugins, upstream
-
     if interpret is not None:
-        from moebench.core import interpret as interpreter
-
-        try:
-            if interpreter_wanted(interpret):
-                interpreter.enable()
-        except BackendError:  # no torch here: only a host-only family can run, and it needs no backend
-            pass
+        with startup.phase("backend (import torch, triton)"):
+            try:
+                backend(interpret)
+            except BackendError:  # no torch or triton here: only a host-only family can run, and it needs neither
+                pass
     if megatron_lm is not None:
         if not megatron_lm.is_dir():
             raise UsageError(f"--megatron-lm: {megatron_lm}: not a directory; give a Megatron-LM checkout (the "
                              "folder that holds megatron/core)")
         os.environ[upstream.ENV] = str(megatron_lm.resolve())
-    plugins.use(plugin_files)
+    with startup.phase("plugins"):
+        plugins.use(plugin_files)
+
+
+def print_timings() -> None:
+    """The wall table on stderr: where this command's time went, from the process's start."""
+    rows = startup.wall_rows()
+    total = rows[-1][1] or 1.0
+    tab = Table(title="Where the wall time went (--timings)", title_justify="left")
+    for c, j in (("stage", "left"), ("s", "right"), ("share", "right")):
+        tab.add_column(c, justify=j)
+    for name, s in rows:
+        tab.add_row(name, f"{s:.3f}", f"{100 * s / total:.1f}%", style="bold" if name == "total" else None)
+    err.print(tab)

@@ -17,7 +17,7 @@ from moebench.cli.common import DEFAULT_OUT, err, out
 from moebench.core.text import md_table
 from moebench.errors import ExitCode, UsageError
 
-app = typer.Typer(rich_markup_mode=None, no_args_is_help=True,
+app = typer.Typer(no_args_is_help=True,
                   help="A results history in one SQLite file (DB), and change points across it.")
 
 DB_OPT = typer.Option(DEFAULT_OUT / "history.sqlite", "--db", help="The history database (SQLite; made by `add`).")

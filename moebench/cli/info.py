@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -12,9 +14,16 @@ from rich.table import Table
 from moebench.analysis.reference import reference_names
 from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, TABLE_FORMAT_OPT, err, out,
                                  listing_console, print_markdown, render_table, select_backend, use_sources, wants_markdown)
-from moebench.errors import BackendError, UsageError
+from moebench.core.cases import expand
+from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
+from moebench.core.family import broken, catalogue, family_error
+from moebench.core.records import writable_dir
+from moebench.core.spec import builtin_models, builtin_sweeps, load_spec
+from moebench.errors import BackendError, Unavailable, UsageError
+from moebench.report.catalogue import default_text, family_doc
+from moebench.sources import upstream
 
-app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
+app = typer.Typer()
 REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to print beside the measurement: "
                              + ", ".join(reference_names()) + ".")
 
@@ -23,9 +32,6 @@ REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to pri
 def validate(paths: list[str] = typer.Argument(..., help="Spec files or names."),
              plugin: Optional[list[Path]] = PLUGIN_OPT):
     """Check specs (syntax, keys, values, expansion) without running anything."""
-    from moebench.core.cases import expand
-    from moebench.core.spec import load_spec
-
     use_sources(plugin, None)
     for p in paths:
         spec = load_spec(p)
@@ -35,84 +41,108 @@ def validate(paths: list[str] = typer.Argument(..., help="Spec files or names.")
         out.print(f"{spec.path}: ok — {n} cases (quick {nq}{nv})")
 
 
-@app.command("list", short_help="Families, variants, upstream kernels, sweeps, model configs, references.")
+@app.command("list", short_help="Families, variants, upstream kernels, sweeps, model configs, references; "
+             "or one family's parameters.")
 def list_(
+    family: Optional[str] = typer.Argument(None, metavar="[FAMILY]", help="A family: every parameter its builders "
+                                           "receive, the variants, their kill switches and sources."),
+    as_json: bool = typer.Option(False, "--json", help="Print the families (or FAMILY) as JSON."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
     try_import: bool = typer.Option(False, "--import", help="Import each upstream kernel (needs torch; megatron-core "
                                     "takes ~15 s) instead of only finding it in the source."),
 ):
     """Families, variants (with where each comes from), upstream kernels, built-in sweeps, model
-    configs and the shipped reference tables."""
-    from moebench.core.spec import builtin_models, builtin_sweeps
-    from moebench.core.family import broken, catalogue
-    from moebench.sources import upstream
-
+    configs and the shipped reference tables; with FAMILY, every parameter a builder of that family
+    receives (shape or launch, type, default, meaning), what it adds at resolve time, its rules and
+    its variants with their parameters, kill switches and sources. Plain text, wrapped to the
+    terminal (LIST_PIPE_WIDTH columns in a pipe), nothing cut."""
     use_sources(plugin, megatron_lm)
     con = listing_console()
-    rows = []  # (family, variant, launch params, source, what it is)
+    if family is not None or as_json:
+        docs = [family_doc(_family(family))] if family is not None else [family_doc(f) for f in catalogue().values()]
+        if as_json:
+            print_markdown(json.dumps(docs[0] if family is not None else {"families": docs}, indent=2, default=str))
+        else:
+            print_family(con, docs[0])
+        return
+    lines = ["Families and variants"]
     for fam in catalogue().values():
-        rows.append((fam.name, "", "", "" if fam.origin == "builtin" else fam.origin,
-                     fam.doc + (" (host-only)" if fam.host_only else "")))
+        lines += _wrap(fam.name + ("" if fam.origin == "builtin" else f" ({fam.origin})"), con.width, "", "    ")
+        lines += _wrap(fam.doc + (" (host-only)" if fam.host_only else ""), con.width, "    ", "    ")
         for v in fam.variants.values():
-            env = ", ".join(f"{k} from ${var}" for k, (var, _) in v.env.items())
-            rows.append(("", v.name, ", ".join(v.params) + (f"; {env}" if env else ""), v.source, v.doc))
-    if con is out:  # a terminal: one table
-        tab = Table(title="Families and variants", title_justify="left")
-        for c in ("family", "variant", "launch params", "source", "what it is"):
-            tab.add_column(c)
-        for row in rows:
-            tab.add_row(*row, style="bold" if row[0] else None)
-        con.print(tab)
-    else:  # a pipe: an indented listing, wrapped, nothing cut
-        con.print(_listing(rows), soft_wrap=True, highlight=False)
-    for name, why in broken().items():  # a family or installed plugin that failed: listed, not used
-        con.print(f"{name}: BROKEN: {why}", markup=False, highlight=False, soft_wrap=True,
-                  style="bold red" if con is out else None)
+            env = "".join(f"; {k} from ${var}" for k, (var, _) in v.env.items())
+            lines += _wrap(f"{v.name} ({v.source}; launch params: {', '.join(v.params) or 'none'}{env})", con.width,
+                           "  ")
+            lines += _wrap(v.doc, con.width, "      ")
+    con.print("\n".join(lines), highlight=False)  # rich wraps the lines left longer than the console
+    for name, why in broken().items():  # a family or installed plugin that failed: listed, not used, one line
+        con.print(f"{name}: BROKEN: {why}", highlight=False, soft_wrap=True)
+    lines = []
     statuses = [upstream.status(name) for name in upstream.KERNELS]
     if not any(st.present for st in statuses):  # one reason for all: say it once
-        con.print(f"Upstream kernels ({', '.join(st.attr for st in statuses)}): none found: {statuses[0].why}",
-                  markup=False, highlight=False)
+        lines.append(f"Upstream kernels ({', '.join(st.attr for st in statuses)}): none found: {statuses[0].why}")
     else:
-        up = Table(title="Upstream kernels (for the upstream variants)", title_justify="left")
-        for c in ("kernel", "found in", "status"):
-            up.add_column(c)
+        lines.append("Upstream kernels (for the upstream variants):")
         for st in statuses:
-            state = "found in the source" if st.present else st.why
-            if try_import and st.present:
-                from moebench.errors import Unavailable
-
-                try:
-                    upstream.load(st.name)
-                    state = "imports"
-                except Unavailable as e:
-                    state = str(e)
-            up.add_row(st.attr, st.source or "—", state)
-        con.print(up)
-    con.print("Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()))
-    con.print("Model configs: " + ", ".join(p.stem for p in builtin_models()))
-    con.print("References (published tables for show/plot --reference NAME, recommend ref:NAME): "
-              + ", ".join(reference_names()))
+            lines += _wrap(f"{st.attr}: {_upstream_state(st, try_import)} ({st.source or '—'})", con.width, "  ")
+    lines += ["Sweeps: " + ", ".join(p.stem for p in builtin_sweeps()),
+              "Model configs: " + ", ".join(p.stem for p in builtin_models()),
+              "References (published tables for show/plot --reference NAME, recommend ref:NAME): "
+              + ", ".join(reference_names())]
+    con.print("\n".join(lines), highlight=False)  # rich wraps the lines left longer than the console
 
 
-def _listing(rows) -> str:
-    """`list`'s families and variants as plain text for a pipe: a family, then its variants
-    indented, each description wrapped under its name (a table in 100 columns cut the long names)."""
-    import textwrap
+def _upstream_state(st, try_import: bool) -> str:
+    """An upstream kernel's state for `list`: found in the source, or (--import) whether it imports."""
+    if not (try_import and st.present):
+        return "found in the source" if st.present else st.why
+    try:
+        upstream.load(st.name)
+        return "imports"
+    except Unavailable as e:
+        return str(e)
 
-    from moebench.cli.common import LIST_PIPE_WIDTH
 
-    lines = ["Families and variants"]
-    for fam, variant, params, source, doc in rows:
-        if fam:
-            head, indent = f"{fam}" + (f" ({source})" if source else ""), "    "
-        else:
-            head, indent = f"  {variant} ({source}; launch params: {params or 'none'})", "      "
-        lines += textwrap.wrap(head, LIST_PIPE_WIDTH, subsequent_indent=indent, break_long_words=False,
-                               break_on_hyphens=False)
-        lines += textwrap.wrap(doc, LIST_PIPE_WIDTH, initial_indent=indent, subsequent_indent=indent,
-                               break_long_words=False, break_on_hyphens=False)
-    return "\n".join(lines)
+def _family(name: str):
+    """A family by name for `list FAMILY`; an unknown one is a usage error listing the families."""
+    cat = catalogue()
+    if name not in cat:
+        raise UsageError(family_error(name) or f"list: unknown family {name!r}; families: {', '.join(cat)}")
+    return cat[name]
+
+
+def print_family(con, doc: dict) -> None:
+    """`list FAMILY` as plain text wrapped to the console: a line per parameter (name, shape or
+    launch, type, default) with its meaning under it, what resolving adds, the rules, the variants."""
+    width = con.width
+    lines = [f"{doc['family']} ({doc['origin']}): {doc['doc']}", "",
+             "Parameters: what a builder gets as params[NAME] (a launch parameter the variant does not take is None)"]
+    w = max(len(r["name"]) for r in doc["params"])
+    for r in doc["params"]:
+        lines.append(f"  {r['name']:<{w}}  {r['role']:<6}  {r['type']:<5}  default {default_text(r)}")
+        lines += _wrap("; ".join(x for x in (r["help"], f"accepts {r['accepts']}") if x), width, "      ")
+    if doc["added_at_resolve"]:
+        lines += ["", "Added to params when a case is resolved:"]
+        for r in doc["added_at_resolve"]:
+            lines += _wrap(f"{r['name']} (variants: {', '.join(r['variants'])}): {r['help']}", width, "  ")
+    if doc["rules"]:
+        lines += ["", "Rules:"] + [x for r in doc["rules"] for x in _wrap(f"{r['rule']}: {r['why']}", width, "  ")]
+    lines += ["", "Variants:"]
+    for v in doc["variants"]:
+        switches = "".join(f"; {k} from ${s['variable']}, shipped default {s['shipped_default']}"
+                           for k, s in v["kill_switches"].items())
+        lines += _wrap(f"{v['name']} ({v['source']}): launch params {', '.join(v['params']) or 'none'}{switches}",
+                       width, "  ")
+        lines += _wrap(v["doc"], width, "      ")
+    con.print("\n".join(lines), highlight=False)  # rich wraps the lines left longer than the console
+
+
+def _wrap(text: str, width: int, first: str, rest: str = "      ") -> list[str]:
+    """`text` wrapped to `width`, its first line indented by `first`, the others by `rest`, never
+    inside a word (a variable name, a path)."""
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                         break_on_hyphens=False)
 
 
 @app.command(short_help="Any results file as a PR-style pivot.")
@@ -223,9 +253,6 @@ def device(
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure again even if cached."),
 ):
     """The GPU, its clocks, and the measured copy ceilings and empty-kernel floor."""
-    from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
-    from moebench.core.records import writable_dir
-
     info = select_backend(False)
     if info.backend != "cuda":
         raise BackendError("no CUDA device is visible: nothing to measure (kernels would run under the interpreter)")

@@ -14,7 +14,7 @@ import typer
 from moebench.cli.common import err, out, parse_formats, print_failures
 from moebench.errors import ExitCode, UsageError
 
-app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
+app = typer.Typer()
 
 
 def _destination(text: Optional[str], files: list[Path]) -> tuple[Path, str]:

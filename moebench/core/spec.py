@@ -368,6 +368,16 @@ def _did_you_mean(word: Any, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def unknown_variant(name: str, family: FamilySpec) -> str:
+    """Why `name` is no variant of `family`: the variants it has, and where a variant it lacks
+    comes from (another family, or a plugin file that was not loaded)."""
+    other = [f.name for f in catalogue().values() if f is not family and name in f.variants]
+    where = (f"{name!r} is a variant of family {', '.join(other)}" if other else
+             "a plugin's variant is registered by its file: pass --plugin FILE.py, or list it in the spec's plugins:")
+    return (f"unknown variant {name!r}; family {family.name!r} has {', '.join(family.variants)}"
+            + _did_you_mean(name, family.variants) + f"; {where}")
+
+
 class _Loader:
     def __init__(self, path: Path, family: FamilySpec | None = None):
         self.path = path
@@ -498,8 +508,7 @@ class _Loader:
                 self.fail(f"{k}.variant", f"missing; name a variant of family {self.family.name!r}: {names}")
             name = self.string(item["variant"], f"{k}.variant")
             if name not in self.family.variants:
-                self.fail(f"{k}.variant", f"unknown variant {name!r}; family {self.family.name!r} has "
-                          f"{names}" + _did_you_mean(name, self.family.variants))
+                self.fail(f"{k}.variant", unknown_variant(name, self.family))
             label = self.string(item.get("label", name), f"{k}.label")
             if label in labels:
                 self.fail(f"{k}.label", f"label {label!r} used twice; give each entry its own label")
@@ -664,8 +673,7 @@ def load_spec(name_or_path: str) -> Spec:
             L.fail("baseline.variant", f"missing; name a variant of {family.name!r}: {', '.join(family.variants)}")
         vname = L.string(b.pop("variant"), "baseline.variant")
         if vname not in family.variants:
-            L.fail("baseline.variant", f"unknown variant {vname!r}; family {family.name!r} has "
-                   f"{', '.join(family.variants)}" + _did_you_mean(vname, family.variants))
+            L.fail("baseline.variant", unknown_variant(vname, family))
         takes = family.variants[vname].params
         params = {}
         for k, v in b.items():

@@ -174,3 +174,67 @@ def test_help_lists_the_exit_codes(capsys):
     for bit in ("0 ok", "1 a case failed", "2 a usage, spec or results-file error", "3 an internal error",
                 "130/143 interrupted"):
         assert bit in text, bit
+
+
+def test_timings_table_adds_up_to_the_wall(tmp_path, capsys):
+    """--timings: a table on stderr of where the wall went, whose rows add up to its total; the
+    results JSON carries the rows up to its writing (provenance.wall_phases). -v prints it too."""
+    spec = write_spec(tmp_path, SMALL)
+    code, _, err = run_cli(["sweep", str(spec), "--out", str(tmp_path / "r"), "--timings"], capsys)
+    assert code == 0, err
+    table = err[err.index("Where the wall time went"):]
+    for row in ("python start", "parsing the command line", "backend (import torch, triton)",
+                "spec and cases", "cases: compile + checked launch", "writing the results files", "other", "total"):
+        assert row in table, row
+    phases = json.loads((tmp_path / "r" / "cpu-interpreter" / "small.json").read_text())["provenance"]["wall_phases"]
+    rows = {k: v for k, v in phases.items() if k != "total"}
+    assert abs(sum(rows.values()) - phases["total"]) < 1e-6 and all(v >= 0 for v in rows.values())
+    assert any(k.startswith("cases: ") for k in rows) and "cases" not in rows  # split into the cases' phases
+    assert not any("background" in k for k in rows)  # threads that overlapped the cases are not added
+    code, _, err = run_cli(["-v", "verify", "count-block", "--quick", "--out", str(tmp_path / "v")], capsys)
+    assert code == 0 and "Where the wall time went" in err
+    code, _, err = run_cli(["sweep", str(spec), "--out", str(tmp_path / "w")], capsys)
+    assert code == 0 and "Where the wall time went" not in err
+
+
+def test_list_family_names_every_key_a_builder_receives(capsys):
+    """`list FAMILY`: every parameter a builder's params can hold (shape or launch, type, default,
+    meaning), the keys resolving adds, the variants' kill switches; checked against what resolving a
+    real case of each built-in sweep hands a builder."""
+    from moebench.core.cases import expand
+    from moebench.core.device import detect
+    from moebench.core.spec import load_spec
+
+    code, out, _ = run_cli(["list", "count"], capsys)
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.split()[:1] == ["local_expert_start"])
+    assert line.split()[1:5] == ["shape", "int", "default", "0"] and "first local expert id" in out
+    assert next(x for x in out.splitlines() if x.split()[:1] == ["block_size"]).split()[1] == "launch"
+    assert "block_size from $MCORE_COUNT_TOKENS_BLOCK, shipped default 128" in " ".join(out.split())
+    for sweep in ("count-block", "act-grid", "layer"):
+        spec = load_spec(sweep)
+        code, out, _ = run_cli(["list", spec.family.name, "--json"], capsys)
+        assert code == 0
+        doc = json.loads(out)
+        listed = {p["name"] for p in doc["params"]} | {a["name"] for a in doc["added_at_resolve"]}
+        assert all(p["help"] for p in doc["params"])
+        for case in expand(spec, quick=True):
+            params, _ = spec.family.resolve(case.variant, case.params, detect(True), {})
+            assert set(params) <= listed, (sweep, set(params) - listed)
+    assert {a["name"] for a in doc["added_at_resolve"]} == {"count_resolved", "act_resolved"}  # the layer's
+
+
+def test_list_unknown_family_is_a_usage_error_naming_the_families(capsys):
+    code, out, err = run_cli(["list", "nope"], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "unknown family 'nope'" in err and all(f in err for f in ("count", "act", "layer", "combine"))
+
+
+@pytest.mark.parametrize("variant,hint", [("histogram", "pass --plugin FILE.py, or list it in the spec's plugins:"),
+                                          ("capped", "'capped' is a variant of family act")])
+def test_unknown_variant_names_the_plugin_option_and_the_known_variants(tmp_path, capsys, variant, hint):
+    spec = write_spec(tmp_path, SMALL.replace("variants: [persistent, nonpersistent]", f"variants: [{variant}]"))
+    code, _, err = run_cli(["validate", str(spec)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"variants[0].variant: unknown variant {variant!r}; family 'count' has persistent, shipped" in err
+    assert hint in err
