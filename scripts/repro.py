@@ -545,9 +545,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if a.cmd == "report" and a.restate and a.noise is None:
             raise SystemExit("--restate: needs --noise DIR (the model to re-state the runs with)")
-        from moebench.core.records import git_commit
+        from moebench.core.provenance import git_commit
 
-        made_by = f"`python3 scripts/repro.py {' '.join(argv)}` at commit {str(git_commit(ROOT))[:12]}"
+        made_by = f"`python3 scripts/repro.py {' '.join(argv)}` at commit {str(git_commit())[:12]}"
         a.out.write_text(holdout(a.dirs, made_by=made_by) if a.cmd == "holdout"
                          else report(a.dirs, a.noise, restate_all=a.restate, made_by=made_by))
         print(f"wrote {a.out}")

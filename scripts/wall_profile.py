@@ -33,9 +33,9 @@ STAGES = [
     ("ceilings (cached device.json or measured)", "moebench.core.device", "load_or_measure_ceilings"),
     ("spec + cases", "moebench.core.spec", "load_spec"),
     ("spec + cases", "moebench.core.cases", "expand"),
-    ("provenance (git)", "moebench.core.records", "provenance"),
+    ("provenance (git)", "moebench.core.provenance", "provenance"),
     ("render the results page", "moebench.report.sweep", "sweep_markdown"),
-    ("write the results files", "moebench.core.records", "ResultsWriter.finalize"),
+    ("write the results files", "moebench.core.store", "ResultsWriter.finalize"),
     ("print tables", "moebench.cli.run", "print_pivots"),
 ]
 IMPORTS = ("torch", "triton", "pandas", "moebench.cli")

@@ -12,7 +12,8 @@ from typing import Callable
 
 from moebench.analysis import value_of, varying_keys
 from moebench.analysis.plot import Drawn, _axes, _colours, _markers, _series_label, _yscale, preset_for
-from moebench.core.records import Record, atomic_write_bytes
+from moebench.core.records import Record
+from moebench.core.store import atomic_write_bytes
 from moebench.core.text import ordered
 from moebench.errors import UsageError
 

@@ -3,7 +3,7 @@
 A results file is data: the readers (render, merge, show, compare, recommend, plot) never open a
 spec file it names (loading a spec runs its `plugins:`) and never import a plugin, an entry point or
 $MOEBENCH_PLUGINS to find its family. What a page needs of its spec is in the file's provenance
-(`page`, `cases`: moebench.core.records.provenance); a family is looked up among the built-in ones.
+(`page`, `cases`: moebench.core.provenance.provenance); a family is looked up among the built-in ones.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from moebench.core.records import Record
 
 class PageSpec:
     """What a results page needs of the spec that made it, read from the results file alone
-    (provenance.page, written by moebench.core.records.provenance): the readers (render, merge) never open a spec file
+    (provenance.page, written by moebench.core.provenance.provenance): the readers (render, merge) never open a spec file
     named inside a results file, since loading a spec runs its `plugins:`. Duck-types the parts of
     a Spec that moebench.report.sweep.sweep_markdown reads."""
 

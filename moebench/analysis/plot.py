@@ -17,7 +17,8 @@ from typing import Any
 from moebench.analysis import metric_of, value_of, varying_keys
 from moebench.core.text import ordered
 from moebench.analysis.reference import Reference
-from moebench.core.records import Record, atomic_write_bytes
+from moebench.core.records import Record
+from moebench.core.store import atomic_write_bytes
 from moebench.errors import UsageError
 from moebench.core.family import Preset
 

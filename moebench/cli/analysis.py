@@ -132,7 +132,8 @@ def run_ab(sp, device, pairs: list[ABPair], offs, ons, *, arms: int, iters: int,
     from moebench.analysis.ab import ab_document
     from moebench.core.driver import Driver
     from moebench.core.pipeline import Options
-    from moebench.core.records import OutputLock, atomic_write_text, provenance, writable_dir
+    from moebench.core.provenance import provenance
+    from moebench.core.store import OutputLock, atomic_write_text, writable_dir
     from moebench.report.ab import ab_page
 
     dest = writable_dir(out_dir / device.slug, "--out")
@@ -358,7 +359,7 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
     if output is None:
         out.print(text, markup=False, highlight=False, soft_wrap=True, end="")
     else:
-        from moebench.core.records import atomic_write_text, writable_dir
+        from moebench.core.store import atomic_write_text, writable_dir
 
         writable_dir(output.parent, "-o")
         atomic_write_text(output, text)
@@ -465,7 +466,7 @@ def plot(
         raise UsageError(f"-o: {output} is a folder; name the .png file to write")
     if (output.exists() or output.is_symlink()) and not force:
         raise UsageError(f"-o: {output} exists; not replaced (pass --force to replace it, or another -o)")
-    from moebench.core.records import writable_dir
+    from moebench.core.store import writable_dir
 
     writable_dir(output.parent, "-o")
     if counters:
@@ -568,7 +569,7 @@ def conformance(
 
     from moebench.analysis import read_results
     from moebench.report.conformance import page, rows, twins
-    from moebench.core.records import atomic_write_text
+    from moebench.core.store import atomic_write_text
 
     pairs, sources = [], []
     for f in results:

@@ -53,7 +53,7 @@ def fit_consoles() -> None:
 
 def parse_formats(text: str, option: str = "--format") -> tuple[str, ...]:
     """Known, non-empty, and each format's library importable: checked before anything runs."""
-    from moebench.core.records import check_formats
+    from moebench.core.store import check_formats
 
     return check_formats(text, option)
 

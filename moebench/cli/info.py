@@ -194,7 +194,8 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     the results file alone: no spec file is read and no plugin imported. An A/B results file (from
     `moebench ab`) is refused: its page is an A/B page, which `ab` writes."""
     from moebench.analysis.pages import page_spec
-    from moebench.core.records import atomic_write_text, load_results, page_trailer
+    from moebench.core.records import load_results
+    from moebench.core.store import atomic_write_text, page_trailer
     from moebench.report.sweep import sweep_markdown
 
     dest = results.with_suffix(".md")
@@ -224,7 +225,7 @@ def device(
 ):
     """The GPU, its clocks, and the measured copy ceilings and empty-kernel floor."""
     from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
-    from moebench.core.records import writable_dir
+    from moebench.core.store import writable_dir
 
     info = select_backend(False)
     if info.backend != "cuda":

@@ -47,7 +47,7 @@ def merge(
     imported). Shards must share the spec (sha256), the device class, the matrix, the timing
     settings, the kill-switch variables and the baseline launch; a case in two files must have identical results. Exit 1 when a
     case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
-    from moebench.core.records import OutputLock, ResultsWriter, writable_dir
+    from moebench.core.store import OutputLock, ResultsWriter, writable_dir
     from moebench.report.sweep import sweep_markdown
     from moebench.parallel.merge import merge_results
 

@@ -140,7 +140,7 @@ def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bo
     """Run a planned sweep or verify matrix and write its results; returns the exit code. Every
     option is checked before the first case runs (the kill-switch variables by the run driver), and
     the run holds its output's lock throughout."""
-    from moebench.core.records import OutputLock, result_stem, writable_dir
+    from moebench.core.store import OutputLock, result_stem, writable_dir
 
     w = where(p, interpret=interpret, formats=formats, cross_check=cross_check, time_it=time_it, devices=devices,
               case_limit=case_limit, isolate=isolate)
@@ -164,7 +164,8 @@ def run_locked(p: Plan, w: Where, out_dir: Path, dest: Path, stem: str, *, resum
     from moebench.core.device import load_or_measure_ceilings
     from moebench.core.driver import run_sweep
     from moebench.core.pipeline import Options
-    from moebench.core.records import ResultsWriter, existing_records, provenance, record_key, run_settings
+    from moebench.core.provenance import provenance, record_key, run_settings
+    from moebench.core.store import ResultsWriter, existing_records
     from moebench.core.runinfo import run_extra, summary_fields
     from moebench.report.sweep import sweep_markdown
 
@@ -219,7 +220,7 @@ def run_workers(p: Plan, w: Where, opts):
 def previous(dest: Path, stem: str, keys: dict, settings: dict, *, resume: bool, n_cases: int) -> dict:
     """The finished records of an earlier run into the same output that --resume keeps (by case id);
     without --resume, a note that there are some."""
-    from moebench.core.records import previous_records, stream_path
+    from moebench.core.store import previous_records, stream_path
 
     if not (resume or stream_path(dest, stem).exists()):
         return {}

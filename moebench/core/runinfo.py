@@ -1,6 +1,6 @@
 """What a sweep's results file says about its run beyond the records: the settings and sources it
 ran with (before the first case) and what the run driver's Summary reports (after the last). The
-CLI hands these to records.provenance; it builds none of it by hand."""
+CLI hands these to moebench.core.provenance.provenance; it builds none of it by hand."""
 
 from __future__ import annotations
 

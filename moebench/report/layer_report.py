@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 from moebench.analysis.ab import separation_cell
-from moebench.core.records import atomic_write_text, load_results
+from moebench.core.records import load_results
+from moebench.core.store import atomic_write_text
 from moebench.report.ties import TIE_NOTE, fastest, fastest_text, full_labels
 from moebench.core.text import md_table, num
 from moebench.report.sections.layer import SEPARATION_LEGEND, conversions

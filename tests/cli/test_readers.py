@@ -11,7 +11,9 @@ import pytest
 
 from moebench.core.cases import expand
 from moebench.core.device import DeviceInfo
-from moebench.core.records import Record, ResultsWriter, provenance
+from moebench.core.provenance import provenance
+from moebench.core.records import Record
+from moebench.core.store import ResultsWriter
 from moebench.core.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

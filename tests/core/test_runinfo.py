@@ -1,5 +1,5 @@
 """moebench.core.runinfo: the provenance a run adds before its first case and after its last, which
-the CLI hands to records.provenance without building any of it itself."""
+the CLI hands to moebench.core.provenance.provenance without building any of it itself."""
 
 from types import SimpleNamespace
 
