@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import yaml
 
 from moebench.errors import SpecError
 from moebench.core.expr import ExprError, compile_expr
-from moebench.core.text import kind, show
+from moebench.core.text import kind, safe_stem, show
 from moebench.core.family import FamilySpec, catalogue, family_error
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -27,11 +26,6 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 MAX_SPEC_BYTES = 4 * 2**20
 # Values end up as kernel arguments and tensor sizes: they must fit a signed 64-bit integer.
 INT64_MAX = 2**63 - 1
-# Sweep names become result file names: no path separators, no surprises in a shell.
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# ... and a file name holds at most 255 bytes: the longest one a run writes is `.NAME-verify-quick.partial.jsonl`
-# or its lock; 100 leaves room for every suffix.
-MAX_NAME_LEN = 100
 
 TOP_KEYS = {
     "name": "sweep name (string)",
@@ -333,7 +327,7 @@ def _check_nodes(node: yaml.Node, key: str, active: set[int], done: set[int], pa
 
 def load_model(name: str, spec_path: Path) -> tuple[dict[str, Any], bytes]:
     known = [p.stem for p in builtin_models()]
-    if not NAME_RE.fullmatch(name):
+    if not safe_stem(name):
         raise SpecError(spec_path, "model", f"expected a model config name (configs/NAME.yaml), got {name!r}; "
                         f"known: {', '.join(known) or 'none'}")
     cands = [spec_path.resolve().parent.parent / "configs" / f"{name}.yaml",
@@ -611,10 +605,9 @@ def load_spec(name_or_path: str) -> Spec:
         if req not in doc:
             L.fail(req, f"missing; the spec needs {hint}")
     name = L.string(doc["name"], "name")
-    if not NAME_RE.fullmatch(name):
-        L.fail("name", f"expected letters, digits, '.', '_' or '-' (it names the result files), got {name!r}")
-    if len(name) > MAX_NAME_LEN:
-        L.fail("name", f"expected at most {MAX_NAME_LEN} characters (it names the result files), got {len(name)}")
+    if not safe_stem(name):
+        L.fail("name", "expected at most 100 letters, digits, '.', '_' or '-', not starting with '.', '_' or '-' "
+               f"(it names the result files), got {show(name)}")
     fam_name = L.string(doc["family"], "family")
     if fam_name not in cat:
         L.fail("family", family_error(fam_name) or f"unknown family {fam_name!r}; known: {', '.join(cat)}"

@@ -43,6 +43,7 @@ from typing import Iterable, Iterator, Mapping
 
 from moebench.core.provenance import settings_diff
 from moebench.core.records import Record, StreamRead, load_results, read_stream
+from moebench.core.text import printable
 from moebench.errors import OutputError, UsageError
 
 FORMATS = ("csv", "json", "md", "parquet")
@@ -103,8 +104,7 @@ def output_file(path: Path, *, inputs: Iterable[Path | str] = (), force: bool = 
     target = os.path.realpath(path)
     for i in inputs:
         if os.path.realpath(i) == target:
-            raise UsageError(f"{option}: {path} is an input of this command ({i}); not overwritten, write "
-                             "elsewhere")
+            raise UsageError(f"{option}: {path} is one of the inputs ({i}); not overwritten, write elsewhere")
     if path.is_dir():
         raise UsageError(f"{option}: {path} is a folder; name the file to write")
     if (path.exists() or path.is_symlink()) and not force:
@@ -113,8 +113,11 @@ def output_file(path: Path, *, inputs: Iterable[Path | str] = (), force: bool = 
         if p.exists():
             if not p.is_dir():
                 raise UsageError(f"{option}: {p} is not a folder (in {path})")
-            if not os.access(p, os.W_OK | os.X_OK):
-                raise UsageError(f"{option}: cannot write in {p} (no permission)")
+            try:
+                with tempfile.TemporaryFile(dir=p):
+                    pass
+            except OSError as e:
+                raise UsageError(f"{option}: cannot write in {p}: {e.strerror or e}") from None
             break
     return path
 
@@ -227,11 +230,13 @@ def _identity_doc(prov: dict, n_records: int) -> dict:
     return {"records": n_records, "spec_path": prov.get("spec_path"), "spec_sha256": prov.get("spec_sha256")}
 
 
-def page_trailer(prov: dict, n_records: int) -> str:
-    """The last line of a results page: how many records it shows and which spec made it, so a
-    later run can tell (without a JSON twin) whether writing its page would replace a bigger one or
-    another spec's."""
-    return f"\n{PAGE_MARK} {json.dumps(_identity_doc(prov, n_records))} -->\n"
+def page_text(markdown: str, prov: dict, n_records: int) -> str:
+    """A results page as written: its text made printable (nothing read from a results file can
+    act on a terminal or a viewer), then the trailer line that says how many records it shows and
+    which spec made it, so a later run can tell (without a JSON twin) whether writing its page would
+    replace a bigger one or another spec's."""
+    return (printable(markdown.rstrip("\n"), lines=True) + "\n"
+            + f"\n{PAGE_MARK} {json.dumps(_identity_doc(prov, n_records))} -->\n")
 
 
 def sidecar(path: Path) -> Path:
@@ -436,7 +441,7 @@ class ResultsWriter:
                 paths.append(p)
         if "md" in self.formats and markdown is not None:
             p = self.out_dir / f"{self.stem}.md"
-            atomic_write_text(p, markdown.rstrip("\n") + "\n" + page_trailer(prov, len(records)))
+            atomic_write_text(p, page_text(markdown, prov, len(records)))
             paths.append(p)
         stream = self.partial if self.partial.exists() else None
         if complete and self._wrote and stream is not None:  # merge never wrote it: a stream it leaves alone

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from moebench.core.records import Record
-from moebench.core.text import md_table, ordered, varying
+from moebench.core.text import md_table, num, ordered, printable, varying
 from moebench.report.ties import (NOT_TAKEN, TIE_NOTE, _label, fastest, fastest_text,  # noqa: F401 (re-exported)
                                    full_labels, half_width)
 
@@ -72,13 +72,19 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
         col_vals = ordered((v,) for v in g[col])
         need = list(dict.fromkeys([*idx, col, "status", metric]))
         cells = {(tuple(r[i] for i in idx), r[col]): cell(r) for r in g[need].to_dict("records")}
-        data = [[cells.get((rv, cv[0])) for cv in col_vals] for rv in row_vals]
-        shown = [tuple(_label(x) for x in rv) for rv in row_vals]
+        data = [[_safe(cells.get((rv, cv[0]))) for cv in col_vals] for rv in row_vals]
+        shown = [tuple(_safe(_label(x)) for x in rv) for rv in row_vals]
         index = pd.MultiIndex.from_tuples(shown, names=idx) if len(idx) > 1 else pd.Index(
             [rv[0] for rv in shown], name=idx[0], dtype=object)
-        t = pd.DataFrame(data, index=index, columns=pd.Index([cv[0] for cv in col_vals], name=col))
-        tables.append((title, t))
+        t = pd.DataFrame(data, index=index, columns=pd.Index([_safe(cv[0]) for cv in col_vals], name=col))
+        tables.append((printable(title), t))
     return tables
+
+
+def _safe(v: Any) -> Any:
+    """A cell or label read from a results file: text printable (no escape sequence reaches a
+    terminal or a page), numbers as they are."""
+    return printable(v) if isinstance(v, str) else v
 
 
 def _shared_axes(df: pd.DataFrame, names: list[str]) -> tuple[list[str], list[str]]:
@@ -301,8 +307,6 @@ def timer_text(t: dict) -> str:
 def compare_markdown(rows, vary: list[str], title: str) -> str:
     """`moebench compare --markdown`: the per-case verdicts as a pipe table for a PR. `rows` are
     moebench.analysis.compare's CompareRows (read by attribute: core imports no analysis)."""
-    from moebench.core.text import num
-
     head = ["case", "variant", *vary, "BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]
     body = [[r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, ".3f"), num(r.new_us, ".3f"),
              f"{100 * r.diff:+.2f}" if r.diff is not None else "—",

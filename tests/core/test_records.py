@@ -166,7 +166,7 @@ def test_output_file_refuses_an_input_a_folder_and_an_existing_file(tmp_path):
     link = tmp_path / "link.json"
     link.symlink_to(inp)
     for path in (inp, link):
-        with pytest.raises(UsageError, match="is an input of this command"):
+        with pytest.raises(UsageError, match="is one of the inputs"):
             output_file(path, inputs=[inp], force=True)
     with pytest.raises(UsageError, match="is a folder"):
         output_file(tmp_path, force=True)
