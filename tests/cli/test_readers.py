@@ -205,21 +205,6 @@ def test_merge_into_a_new_folder(tmp_path):
     assert "complete" in out and "INCOMPLETE" not in out
 
 
-def test_render_of_an_older_file_takes_the_page_from_moebenchs_own_sweep(tmp_path):
-    """A committed file from before provenance.page: its description and pivot come from the built-in
-    sweeps/NAME.yaml, read as data."""
-    p = tmp_path / "count-block.json"
-    doc = json.loads((ROOT / "results" / "h200" / "count-block.json").read_text())
-    for key in ("page", "cases"):  # as a file written before they were recorded (75d3fd3's pages)
-        doc["provenance"].pop(key, None)
-    p.write_text(json.dumps(doc))
-    code, out, err = _blocked("render", p, cwd=tmp_path)
-    assert code == 0, err
-    page = p.with_suffix(".md").read_text()
-    assert load_spec("count-block").description.strip().splitlines()[0] in page
-    assert "older moebench" in err and "sweeps/count-block.yaml" in err
-
-
 @pytest.mark.parametrize("edit, key", [
     (lambda p: p["page"].update(pivot={"rows": 3}), "provenance.page.pivot.rows"),
     (lambda p: p["page"].update(description=["x"]), "provenance.page.description"),
