@@ -114,7 +114,7 @@ def make_venv(venv):
     inside = sys.prefix != sys.base_prefix
     paths = [p for p in site.getsitepackages() if os.path.isdir(p)] if inside else []
     has_pip = any(os.path.isdir(os.path.join(p, "pip")) for p in paths)
-    venv_module.EnvBuilder(system_site_packages=True, with_pip=not has_pip).create(venv)
+    venv_module.EnvBuilder(system_site_packages=True, with_pip=not has_pip, symlinks=os.name != "nt").create(venv)
     if not paths:
         return None
     site_dir = os.path.join(venv, "lib", "python%d.%d" % sys.version_info[:2], "site-packages")

@@ -107,6 +107,9 @@ def test_a_venv_made_over_a_venv_sees_its_packages_and_pip_downloads_nothing(tmp
     r = subprocess.run([str(py), "-c", "import sys, torch, typer, yaml; print(sys.prefix)"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == str(venv), r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "venv_mode.py"), "--make-venv", str(venv)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr  # over a .venv made before (a failed install): made again in place
     r = subprocess.run([str(py), "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation", "-q",
                         "-e", str(ROOT)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr  # every requirement found where it is installed: nothing to download
