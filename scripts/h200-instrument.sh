@@ -104,7 +104,8 @@ grep -E "^\| \`" "$W/wall/wall_profile.md" 2>/dev/null | head -8 | tee -a "$SUMM
 python3 - "$W" "$SLUG" >"$W/timer-report.log" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path
-from moebench.analysis.timer_report import build
+sys.path.insert(0, "scripts")
+from timer_report import build
 w, slug = Path(sys.argv[1]), sys.argv[2]
 m = json.loads((w / "study/methods.json").read_text()) if (w / "study/methods.json").exists() else {"methods": {}}
 parts = []

@@ -45,14 +45,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # timer_report.py beside this script
 
-from moebench.analysis.timer_report import covered, spread_pct  # noqa: E402
 from moebench.core import noise as N  # noqa: E402
 from moebench.core.provenance import git_commit  # noqa: E402
 from moebench.core.records import Record, load_results, record_from  # noqa: E402
 from moebench.core.store import atomic_write_text  # noqa: E402
 from moebench.core.text import safe_stem  # noqa: E402
 from moebench.errors import MoebenchError, UsageError  # noqa: E402
+from timer_report import covered, spread_pct  # noqa: E402
 
 TARGET_PCT, GOAL_PCT = 3.0, 1.5  # issue 23: every case within 3% across fresh processes (goal 1.5%)
 COVER_TARGET = 0.95  # at least 95% of run pairs inside their stated intervals

@@ -323,7 +323,8 @@ def methods_child(out: Path, r: int, ceilings: Path, chosen: dict[str, str]) -> 
 
 
 def analyse_methods(out: Path, chosen: dict[str, str], runs: int, durations: list[float]) -> dict:
-    from moebench.analysis.timer_report import spread_stats
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from timer_report import spread_stats
 
     res = {"methods": chosen, "runs": runs, "run_s": durations, "results": {}}
     for name in chosen:

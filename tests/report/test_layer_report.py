@@ -2,16 +2,20 @@
 verdicts, the best cap, and splicing the section into a report. Synthetic timings, no GPU."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from moebench.analysis import results_json_layout
 from moebench.analysis.ab import ab_pairs, parse_setting, run_arms
-from moebench.report.layer_report import HEADING, best_cap, main, section, splice
 from moebench.core.cases import expand
 from moebench.core.records import Record
 from moebench.core.baseline import add_baseline_deltas
 from moebench.core.spec import load_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from layer_report import HEADING, best_cap, main, section, splice  # noqa: E402  (scripts/layer_report.py)
 
 DEVICE = {"name": "NVIDIA H200", "torch": "2.11", "triton": "3.6"}
 
@@ -154,7 +158,8 @@ def test_the_report_and_the_layer_pages_need_no_torch(results, tmp_path):
     d, kd = results
     root = Path(__file__).resolve().parents[2]
     blocked = "import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
-    code = blocked + f"from moebench.report.layer_report import main; main([{str(d)!r}, '--kernel-dir', {str(kd)!r}])"
+    code = blocked + (f"sys.path.insert(0, 'scripts'); from layer_report import main; "
+                      f"main([{str(d)!r}, '--kernel-dir', {str(kd)!r}])")
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert HEADING in r.stdout

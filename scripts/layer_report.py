@@ -12,8 +12,8 @@ and writes the section: per change, the kernel sweep's saving, the saving of the
 the layer's shape, in one layer step, their ratio (the conversion), and the 48-layer graph's saving
 against 48 x the isolated one; then the fastest configurations in the step.
 
-    python -m moebench.report.layer_report results/h200 --kernel-dir results/h200 -o layer-report.md
-    python -m moebench.report.layer_report best-cap results/h200/layer.json    # prints the best cap
+    python3 scripts/layer_report.py results/h200 --kernel-dir results/h200 -o layer-report.md
+    python3 scripts/layer_report.py best-cap results/h200/layer.json    # prints the best cap
 
 Pure Python over results files: no torch.
 """
@@ -24,12 +24,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from moebench.analysis.ab import separation_cell
-from moebench.core.records import load_results
-from moebench.core.store import atomic_write_text
-from moebench.report.ties import TIE_NOTE, fastest, fastest_text, full_labels
-from moebench.core.text import md_table, num
-from moebench.report.sections.layer import SEPARATION_LEGEND, conversions
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout's moebench, run from anywhere
+
+from moebench.analysis.ab import separation_cell  # noqa: E402
+from moebench.core.records import load_results  # noqa: E402
+from moebench.core.store import atomic_write_text  # noqa: E402
+from moebench.report.ties import TIE_NOTE, fastest, fastest_text, full_labels  # noqa: E402
+from moebench.core.text import md_table, num  # noqa: E402
+from moebench.report.sections.layer import SEPARATION_LEGEND, conversions  # noqa: E402
 
 HEADING = "## Which microbenchmark wins survive in a layer"
 # The decode shape the seeds argue from (256 live tokens in a 256-token graph), with the count at
