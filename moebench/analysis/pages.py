@@ -9,22 +9,29 @@ $MOEBENCH_PLUGINS to find its family. What a page needs of its spec is in the fi
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from moebench.core.family import BUILTIN
 from moebench.core.records import Record
 
 
+@dataclass
 class PageSpec:
     """What a results page needs of the spec that made it, read from the results file alone
-    (provenance.page, written by moebench.core.provenance.provenance): the readers (render, merge) never open a spec file
-    named inside a results file, since loading a spec runs its `plugins:`. Duck-types the parts of
-    a Spec that moebench.report.sweep.sweep_markdown reads."""
+    (provenance.page, written by moebench.core.provenance.provenance): the readers (render, merge)
+    never open a spec file named inside a results file, since loading a spec runs its `plugins:`.
+    Duck-types the parts of a Spec that moebench.report.sweep.sweep_markdown reads."""
 
-    def __init__(self, *, name: str, family: Any, description: str, pivot: dict, baseline: dict | None,
-                 model: dict, path: str | None, sha256: str | None, notes: list[str]):
-        self.name, self.family, self.description, self.pivot = name, family, description, pivot
-        self.baseline, self.model, self.path, self.sha256, self.notes = baseline, model, path, sha256, notes
+    name: str
+    family: Any
+    description: str
+    pivot: dict
+    baseline: dict | None
+    model: dict
+    path: str | None
+    sha256: str | None
+    notes: list[str]
 
 
 class RecordsFamily:

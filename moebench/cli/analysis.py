@@ -20,8 +20,7 @@ from rich.text import Text
 from moebench.analysis.ab import (OFF, ON, ABPair, ab_pairs, effect_text, noise_text, per_step, projection_text, run_arms,
                                   separation_cell, separation_text, settings_text, us)
 from moebench.analysis import read_results
-from moebench.analysis.counters_plot import plot_counters
-from moebench.analysis.plot import plot_results
+from moebench.analysis.plot import plot_counters, plot_results
 from moebench.analysis.reference import load_reference, reference_names
 from moebench.core.baseline import launch_layers
 from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, STATE, TABLE_FORMAT_OPT, Bar, err,

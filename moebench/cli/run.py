@@ -164,9 +164,8 @@ def run_locked(p: Plan, w: Where, out_dir: Path, dest: Path, stem: str, *, resum
     from moebench.core.device import load_or_measure_ceilings
     from moebench.core.driver import run_sweep
     from moebench.core.pipeline import Options
-    from moebench.core.provenance import provenance, record_key, run_settings
+    from moebench.core.provenance import provenance, record_key, run_extra, run_settings, summary_fields
     from moebench.core.store import ResultsWriter, existing_records
-    from moebench.core.runinfo import run_extra, summary_fields
     from moebench.report.sweep import sweep_markdown
 
     spec = p.spec

@@ -1,6 +1,8 @@
 """What a run records about itself: its provenance (the spec, the device, the commit, the
-command), the settings its numbers depend on (`run_settings`), and the resume key of each case
-(`record_key`) that `--resume` matches records by.
+command; `run_extra` adds what the run sets before its first case and `summary_fields` what the
+run driver's Summary reports after its last, so the CLI builds none of it by hand), the settings
+its numbers depend on (`run_settings`), and the resume key of each case (`record_key`) that
+`--resume` matches records by.
 
 Every record carries ``resume_key``, the hash of what determines its numbers: the case (family,
 variant, label, every parameter, the model values and seed among them) and the run's settings
@@ -20,11 +22,12 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from moebench import __version__
 from moebench.core.cases import baseline_case, expand
 from moebench.core.spec import PACKAGE_ROOT
+from moebench.sources import plugins, upstream
 
 # Where the tree has no .git of its own (copied to a GPU machine), the commit it was copied from;
 # MOEBENCH_GIT_COMMIT is the older name, still read.
@@ -106,6 +109,35 @@ def provenance(spec, device, *, quick: bool, verify: bool, ceilings: dict, extra
                  "host_only": bool(spec.family.host_only)},
         "cases": case_map(spec, quick=quick, verify=verify),
         **(extra or {}),
+    }
+
+
+def run_extra(spec, cases: Sequence, *, cross: Sequence[str], timed: bool, shard: tuple[int, int] | None,
+              settings: dict, noise_model: dict | None = None) -> dict:
+    """The provenance a run adds before it starts: the cross-checks asked for (the Summary later
+    says which ran), whether it is timed, its cases and shard, the settings its records are
+    resumed under, the noise model of a timed run (moebench.core.noise: the chosen model's
+    provenance), and where upstream and plugin kernels came from when the run uses them."""
+    extra = {"cross_checks": list(cross), "timed": timed, "n_cases": len(cases),
+             "shard": list(shard) if shard else None, "settings": settings}
+    if timed and noise_model is not None:
+        extra["noise_model"] = noise_model
+    if any(spec.family.variants[c.variant].source == "upstream" for c in cases):
+        extra["upstream"] = upstream.provenance()
+    if plugins.loaded():
+        extra["plugins"] = plugins.loaded()
+    return extra
+
+
+def summary_fields(summary) -> dict:
+    """What the run driver's Summary adds to the provenance once the run ends."""
+    return {
+        "sweep_wall_s": summary.wall_s,  # cases incl. compile + verify
+        "compile_s_total": summary.compile_s,
+        "jit_specializations": summary.jit_specializations,
+        "wall_phases_s": summary.phases,  # where the cases' time went (scripts/wall_profile.py)
+        "complete": summary.complete,
+        "cross_checks": summary.passes,  # what ran, and only that
     }
 
 

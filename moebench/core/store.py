@@ -26,7 +26,6 @@ inputs, never a folder, never an existing file without --force.
 
 from __future__ import annotations
 
-import csv
 import fcntl
 import importlib.util
 import io
@@ -109,36 +108,36 @@ def output_file(path: Path, *, inputs: Iterable[Path | str] = (), force: bool = 
         raise UsageError(f"{option}: {path} is a folder; name the file to write")
     if (path.exists() or path.is_symlink()) and not force:
         raise UsageError(f"{option}: {path} exists; not replaced (pass --force to replace it, or another {option})")
-    for p in Path(target).parents:
-        if p.exists():
-            if not p.is_dir():
-                raise UsageError(f"{option}: {p} is not a folder (in {path})")
-            try:
-                with tempfile.TemporaryFile(dir=p):
-                    pass
-            except OSError as e:
-                raise UsageError(f"{option}: cannot write in {p}: {e.strerror or e}") from None
-            break
+    _writable_ancestor(Path(target).parent, option, path)
     return path
 
 
 def writable_dir(path: Path, option: str) -> Path:
-    """Create folder `path` (with its parents) and prove a file can be written in it, so a bad
-    --out or -o stops the command before any work, naming the option."""
-    for p in [path, *path.parents]:
-        if p.exists() or p.is_symlink():
-            if not p.is_dir():
-                raise UsageError(f"{option}: {p} is not a folder" + ("" if p == path else f" (in {path})"))
-            break
+    """Create folder `path` (with its parents) where a file can be written, so a bad --out or -o
+    stops the command before any work, naming the option."""
+    _writable_ancestor(path, option, path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path) as f:
-            f.write(b"x")
-            f.flush()
-            os.fsync(f.fileno())
     except OSError as e:
-        raise UsageError(f"{option}: cannot write in {path}: {e.strerror or e}") from None
+        raise UsageError(f"{option}: cannot make {path}: {e.strerror or e}") from None
     return path
+
+
+def _writable_ancestor(folder: Path, option: str, given: Path) -> None:
+    """The nearest of `folder` and its parents that exists is a folder a byte can be written to
+    and synced in (not a file, not /proc, not a full disk); else a UsageError naming `option`."""
+    for p in [folder, *folder.parents]:
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise UsageError(f"{option}: {p} is not a folder" + ("" if p == given else f" (in {given})"))
+            try:
+                with tempfile.TemporaryFile(dir=p) as f:
+                    f.write(b"x")
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise UsageError(f"{option}: cannot write in {p}: {e.strerror or e}") from None
+            return
 
 
 def check_formats(text: str, option: str = "--format") -> tuple[str, ...]:
@@ -175,7 +174,6 @@ def stream_path(dest: Path, stem: str) -> Path:
 
 def result_stem(spec_name: str, *, quick: bool, verify: bool) -> str:
     return spec_name + ("-verify" if verify else "") + ("-quick" if quick else "")
-
 
 
 class OutputLock:
@@ -267,30 +265,24 @@ def identity(path: Path) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int, Path | None]:
-    """The most records any of STEM's result files in the given formats holds now, and that file
-    (0, None when there is none). A markdown page counts what its JSON twin holds (whether or not
-    json is among the formats), else what its trailer says."""
-    best, where = 0, None
-    for f in formats:
-        p = dest / f"{stem}.{f}"
-        if not p.is_file():
-            continue
-        n = 0
-        try:
-            if f == "csv":
-                with open(p, newline="") as fh:
-                    n = max(0, sum(1 for _ in csv.reader(fh)) - 1)
-            elif f == "parquet":
-                import pyarrow.parquet as pq  # optional: the parquet format's own library
+def _present(dest: Path, stem: str, formats: Iterable[str]) -> list[tuple[Path, dict | None, dict | None]]:
+    """STEM's files in DEST of these formats: (path, what it says of itself, what its JSON twin says)."""
+    twin = dest / f"{stem}.json"
+    twin_doc = identity(twin) if twin.is_file() else None
+    return [(p, identity(p), twin_doc) for p in (dest / f"{stem}.{f}" for f in formats) if p.is_file()]
 
-                n = pq.ParquetFile(p).metadata.num_rows
-            else:
-                doc = identity(dest / f"{stem}.json") if f == "md" and (dest / f"{stem}.json").is_file() else identity(p)
-                v = (doc or {}).get("records")
-                n = v if isinstance(v, int) and not isinstance(v, bool) else 0
-        except Exception:  # noqa: BLE001 - a file that cannot be read holds no records worth keeping
-            n = 0
+
+def _records(doc: dict | None) -> int:
+    n = (doc or {}).get("records")
+    return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+
+def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int, Path | None]:
+    """The most records any of STEM's result files in the given formats holds now (what it says,
+    or what its JSON twin says, whichever is more), and that file; (0, None) when there is none."""
+    best, where = 0, None
+    for p, own, twin in _present(dest, stem, formats):
+        n = max(_records(own), _records(twin))
         if n > best:
             best, where = n, p
     return best, where
@@ -299,23 +291,16 @@ def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int
 def other_spec(dest: Path, stem: str, prov: dict, formats: Iterable[str]) -> str | None:
     """Why STEM's results in DEST must not be replaced by this run's (prov): they were made by
     another spec of the same name (a spec file at another path with other content), or a file
-    there says nothing of the spec that made it (a file moebench did not write); else None. A spec
-    edited in place, or the same content elsewhere, is the same spec. A file without an identity
-    of its own is judged by its JSON twin's."""
-    twin = dest / f"{stem}.json"
-    twin_doc = identity(twin) if twin.is_file() else None
-    for f in dict.fromkeys(("json", *formats)):
-        p = dest / f"{stem}.{f}"
-        if not p.is_file():
-            continue
-        old = identity(p) or twin_doc
+    there says nothing of the spec that made it, nor does its JSON twin (a file moebench did not
+    write); else None. A spec edited in place, or the same content elsewhere, is the same spec."""
+    for p, own, twin in _present(dest, stem, dict.fromkeys(("json", *formats))):
+        old = own or twin
         if old is None:
             return (f"{p} exists and does not say which spec made it (not a file moebench wrote, or unreadable): "
                     "not replaced (pass --force to replace it, or another --out)")
         path, sha = old.get("spec_path"), old.get("spec_sha256")
-        if not (isinstance(path, str) and isinstance(sha, str)):
-            continue
-        if path != prov.get("spec_path") and sha != prov.get("spec_sha256"):
+        if isinstance(path, str) and isinstance(sha, str) and path != prov.get("spec_path") \
+                and sha != prov.get("spec_sha256"):
             return (f"{p} holds the results of another spec named {prov.get('sweep')!r} ({path}, sha256 {sha[:12]}); "
                     f"this run's is {prov.get('spec_path')} (sha256 {str(prov.get('spec_sha256'))[:12]}): not "
                     "replaced (pass --force to replace them, or another --out)")

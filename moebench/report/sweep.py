@@ -5,12 +5,17 @@ Library code: returns DataFrames and strings; the CLI prints them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from moebench.core.noise import page_line
 from moebench.core.records import Record
 from moebench.core.text import md_table, num, ordered, printable, varying
+from moebench.report.conformance import section as twins_section
+from moebench.report.counters import section as counters_section  # records with cross.counters
+from moebench.report.sections import sweep_section
 from moebench.report.ties import (NOT_TAKEN, TIE_NOTE, _label, fastest, fastest_text,  # noqa: F401 (re-exported)
                                    full_labels, half_width)
 
@@ -214,8 +219,6 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
         t = prov.get("timing", {})
         noise = [r.timing.get("rel_noise", 0) for r in timed]
         out.append(f"- Timer: {timer_text(t)}; worst achieved ±{100 * max(noise):.2f}%.")
-        from moebench.core.noise import page_line
-
         out.append(page_line(prov, timed))
         if c:
             out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "
@@ -238,16 +241,10 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
         out += [NOT_TAKEN_NOTE, ""]
     # a family may add sections of its own (e.g. combine's band table), after the pivots
-    from moebench.report.sections import sweep_section
-
     own = sweep_section(spec.family, records)
     if own is not None:
         out += [own, ""]
-    from moebench.report.counters import section as counters_section  # records with cross.counters
-
     out += [s + "\n" for s in (counters_section(spec, records),) if s]
-    from moebench.report.conformance import section as twins_section
-
     twins = twins_section(records)
     if twins:
         out += [twins, ""]
@@ -262,8 +259,6 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
 
 def _rel(path) -> str:
     """A spec path relative to the working directory when it is below it (results travel)."""
-    from pathlib import Path
-
     try:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except (ValueError, TypeError):
