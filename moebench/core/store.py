@@ -13,8 +13,8 @@ How a run keeps what it finished (`ResultsWriter`):
   complete run then removes the stream; an interrupted run keeps it beside its INCOMPLETE files.
 - A results file is never replaced by one holding fewer records, nor by another spec's of the same
   name, unless ``--force`` says so: each final file says which spec made it and how many records
-  it holds (the JSON's provenance, the page's trailer, the ``.NAME.spec`` sidecar of a csv or
-  parquet file).
+  it holds (the JSON's provenance, the page's trailer; a csv or parquet file written without its
+  JSON twin, a ``.NAME.csv.spec`` sidecar).
 - ``--resume`` keeps exactly the records whose resume key (moebench.core.provenance.record_key)
   matches this run's, and says what it dropped and why.
 - One writer per output name: `OutputLock` holds an flock on ``OUT/<device>/.NAME.lock``; a second
@@ -238,8 +238,8 @@ def page_text(markdown: str, prov: dict, n_records: int) -> str:
 
 
 def sidecar(path: Path) -> Path:
-    """Where a csv or parquet results file keeps its identity (they have no room for it):
-    ``.NAME.csv.spec`` beside it."""
+    """Where a csv or parquet results file written without its JSON twin keeps its identity (they
+    have no room for it): ``.NAME.csv.spec`` beside it."""
     return path.with_name(f".{path.name}.spec")
 
 
@@ -422,7 +422,11 @@ class ResultsWriter:
                     buf = io.BytesIO()
                     df.to_parquet(buf, index=False)
                     atomic_write_bytes(p, buf.getvalue())
-                atomic_write_text(sidecar(p), json.dumps(_identity_doc(prov, len(records))) + "\n")
+                if "json" in self.formats:  # the JSON twin says which spec made it: no sidecar (none stale)
+                    with writing(sidecar(p)):
+                        sidecar(p).unlink(missing_ok=True)
+                else:
+                    atomic_write_text(sidecar(p), json.dumps(_identity_doc(prov, len(records))) + "\n")
                 paths.append(p)
         if "md" in self.formats and markdown is not None:
             p = self.out_dir / f"{self.stem}.md"

@@ -144,7 +144,10 @@ def test_a_csv_of_another_spec_is_not_replaced(tmp_path):
     assert (tmp_path / "s.csv").read_text() == before
     ResultsWriter(tmp_path, "s", other, ("csv",), keys=keys, force=True)  # --force replaces
     ResultsWriter(tmp_path, "s", {**prov, "spec_path": "c/s.yaml"}, ("csv",), keys=keys)  # same content elsewhere
-    (tmp_path / ".s.csv.spec").unlink()
+    ResultsWriter(tmp_path, "s", other, ("json", "csv"), keys=keys, force=True).finalize([rec(cases[0])],
+                                                                                      complete=True)
+    assert not (tmp_path / ".s.csv.spec").exists()  # the JSON twin says it now: no sidecar, none stale
+    (tmp_path / "s.json").unlink()
     with pytest.raises(UsageError, match="does not say which spec made it"):
         ResultsWriter(tmp_path, "s", prov, ("csv",), keys=keys)
 
