@@ -320,12 +320,10 @@ def recommend(
     from moebench.analysis.pages import builtin_family
 
     md = wants_markdown(markdown, fmt)
-    if output is not None:
-        output_file(output, inputs=[results], force=force)
     prov, records = read_results(results)
     fam = builtin_family(records[0].family)  # a reader never imports a plugin
     if emit is not None or check or output is not None or variant is not None:
-        raise typer.Exit(_emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric))
+        raise typer.Exit(_emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric, force))
     ov, cfg, grp = recommend_keys(records, fam, _csv(over), _csv(by))
     recs = regret_table(records, ov, cfg, grp, metric=metric, weights_text=weights)
     name = prov.get("sweep") or Path(results).stem
@@ -335,11 +333,9 @@ def recommend(
                           + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "")
                           + (f" on {dev}" if dev else ""))
         head, rows = _regret_rows(rec)
-        head, rows = [printable(h) for h in head], [[printable(c) for c in row] for row in rows]
-        lines = [printable(line) for line in explain(rec)]
         if md:
             print_markdown(f"**{title}**\n\n" + md_table(head, rows) + "\n")
-            print_markdown("\n".join(f"- {line}" for line in lines))
+            print_markdown("\n".join(f"- {printable(line)}" for line in explain(rec)))
         else:
             t = Table(title=title, title_justify="left")
             for i, h in enumerate(head):
@@ -347,12 +343,12 @@ def recommend(
             for row in rows:
                 t.add_row(*row)
             out.print(t)
-            for line in lines:
-                out.print(line, highlight=False)
+            for line in explain(rec):
+                out.print(printable(line), highlight=False)
         out.print("")
 
 
-def _emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric) -> int:
+def _emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric, force) -> int:
     """recommend --emit: decide, optionally --check on this GPU, write or print the file."""
     import json
 
@@ -361,6 +357,8 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
     if emit not in ("env", "json"):
         raise UsageError(f"--emit: expected env or json, got {emit!r}" if emit else
                          "--output, --variant and --check go with --emit env|json")
+    if output is not None:
+        output_file(output, inputs=[results], force=force)
     decisions = decide(records, fam, over=_csv(over), weights_text=weights, variant=variant, metric=metric)
     checked = _check_emitted(results, prov, records, fam, decisions) if check else None
     doc = emit_document(decisions, prov, str(results), checked)
@@ -515,7 +513,7 @@ def _params(params: dict, keys: list[str]) -> str:
 
 
 def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
-    """Cells: the time, and its regret against the shape's best ("best" for the winner)."""
+    """Cells: the time, and its regret against the shape's best ("best" for the winner), printable."""
     single = len(rec.over_keys) == 1
     corner = " / ".join(rec.config_keys) + (f" \\ {rec.over_keys[0]}" if single else "")
     head = [corner] + [str(s[0]) if single else rec.shape_text(s) for s in rec.shapes] + ["worst", "at"]
@@ -544,7 +542,7 @@ def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
             mark.append("weighted")
         cells.append(", ".join(mark))
         rows.append(cells)
-    return head, rows
+    return [printable(h) for h in head], [[printable(c) for c in row] for row in rows]  # text from a results file
 
 
 @app.command(short_help="Seed kernels beside their upstream twins, across results files.")

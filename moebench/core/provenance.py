@@ -232,7 +232,7 @@ def record_key(case, settings: dict) -> str:
 def settings_diff(old: dict | None, new: dict) -> str:
     """What changed between two run_settings, as `key: old -> new` phrases."""
     if not isinstance(old, dict):
-        return "made by an earlier moebench that kept no settings"
+        return "no settings recorded"
 
     def flat(d: Any, pre: str = "") -> dict[str, Any]:
         if isinstance(d, dict) and d:

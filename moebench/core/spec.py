@@ -677,8 +677,9 @@ class SpecErrors(SpecError):
 def _name(L: "_Loader", v: Any) -> str:
     name = L.string(v, "name")
     if not safe_stem(name):
-        L.fail("name", "expected at most 100 letters, digits, '.', '_' or '-', not starting with '.', '_' or '-' "
-               f"(it names the result files), got {show(name)}")
+        if safe_stem(name[:100]):
+            L.fail("name", f"expected at most 100 characters (it names the result files), got {len(name)}")
+        L.fail("name", f"expected letters, digits, '.', '_' or '-' (it names the result files), got {name!r}")
     return name
 
 

@@ -499,8 +499,6 @@ def previous_records(out_dir: Path, stem: str, keys: Mapping[str, str], settings
         r, old = found[-1]
         if r.status != "ok":
             res.dropped[f"{r.status} (run again)"] += 1
-        elif not r.resume_key:
-            res.dropped["made by an earlier moebench without resume keys"] += 1
         else:
             changed = settings_diff(old, settings)
             res.dropped[f"made under other settings ({changed})" if changed != "the same settings"
