@@ -17,14 +17,22 @@ SWEEP   ?= count-block
 .PHONY: install sweep test unit compat smoke smoke-count smoke-act h200 h200-layer clean
 
 # scripts/venv_mode.py decides (and says why): `system` on a GPU machine whose $(PY) already has a
-# CUDA torch and triton at pyproject's minimums (a venv over them: no second CUDA torch), `cuda` on
-# a GPU machine without them (pip installs torch), `cpu` without a GPU (the CPU torch first).
+# CUDA torch and triton at pyproject's minimums (a venv over them, also when $(PY) is itself a venv:
+# no second CUDA torch), `cuda` on a GPU machine without them (pip installs torch), `cpu` without a
+# GPU (the CPU torch first). `make install` (and `make sweep`) installs what moebench needs to run;
+# the test tools come with the first `make unit` / `make test`. The pip flags of the mode are kept
+# in $(VENV)/.pip-flags for that second install.
 $(BIN)/.installed: pyproject.toml scripts/venv_mode.py
 	set -e; set -- $$($(PY) scripts/venv_mode.py --gpu "$(HAS_GPU)"); \
 	[ -n "$$1" ] || { echo "make: scripts/venv_mode.py failed under $(PY)" >&2; exit 1; }; \
-	if [ "$$1" = system ]; then $(PY) -m venv --system-site-packages $(VENV); else $(PY) -m venv $(VENV); fi; \
+	if [ "$$1" = system ]; then $(PY) scripts/venv_mode.py --make-venv $(VENV); else $(PY) -m venv $(VENV); fi; \
 	if [ "$$1" = cpu ]; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi; \
-	$(BIN)/python -m pip install -q $$2 -e '.[test]'
+	echo "$$2" > $(VENV)/.pip-flags; \
+	$(BIN)/python -m pip install -q $$2 -e .
+	touch $@
+
+$(BIN)/.test-installed: $(BIN)/.installed
+	$(BIN)/python -m pip install -q $$(cat $(VENV)/.pip-flags) -e '.[test]'
 	touch $@
 
 install: $(BIN)/.installed
@@ -33,10 +41,10 @@ install: $(BIN)/.installed
 sweep: install
 	$(BIN)/moebench sweep $(SWEEP) $(ARGS)
 
-unit: install
+unit: $(BIN)/.test-installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto
 
-$(VENV)/triton-old/.installed: $(BIN)/.installed
+$(VENV)/triton-old/.installed: $(BIN)/.test-installed
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/triton-old $(TRITON_OLD)
 	touch $@
 
@@ -63,7 +71,7 @@ smoke-act: install
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
 
 # the triton 3.6 download overlaps the unit suite
-test: install
+test: $(BIN)/.test-installed
 	$(MAKE) --no-print-directory -j2 unit $(VENV)/triton-old/.installed
 	$(MAKE) --no-print-directory compat
 	$(MAKE) --no-print-directory smoke

@@ -4,7 +4,7 @@
 #   scripts/gpu-tests.sh LOG [PYTEST ARGS...]
 # Needs a CUDA device; TRITON_INTERPRET=0, or tests/conftest.py runs kernels under the interpreter
 # and skips every gpu test. Set MOEBENCH_COMMIT where the tree has no .git
-# of its own (the log names moebench's commit only: moebench.core.records.git_commit).
+# of its own (the log names moebench's commit only: moebench.core.provenance.git_commit).
 set -uo pipefail
 LOG=${1:?usage: scripts/gpu-tests.sh LOG [PYTEST ARGS...]}
 shift

@@ -11,8 +11,8 @@
 #   2 the GPU suite (scripts/gpu-tests.sh)
 #   3 run A: sweep count-block and act-grid with --cross-check dobench,nvbench,profiler
 #     (nvbench only where `import cuda.bench` works; the reason is in env.txt otherwise)
-#   4 the run-to-run cause study (scripts/timer_study.py cause, strata), with STUDY_CAUSE=1
-#   5 back-to-back runs of the default method (scripts/timer_study.py methods: 5 runs, or what fits;
+#   4 the run-to-run cause study (scripts/study/timer_study.py cause, strata), with STUDY_CAUSE=1
+#   5 back-to-back runs of the default method (scripts/study/timer_study.py methods: 5 runs, or what fits;
 #     METHODS='{"name": "timing settings", ...}' for candidates)
 #   6 the wall-time profile of sweep and verify (scripts/wall_profile.py), in what is left
 #
@@ -83,16 +83,16 @@ MOEBENCH_NVBENCH_DIR=$W/nvbench-act-grid step 180 runA-act-grid \
 
 # 4 the cause of the run-to-run outlier and the address law (STUDY_CAUSE=1; results/h200/instrument/ has them)
 if [ "${STUDY_CAUSE:-0}" = 1 ]; then
-  step 150 study-cause python3 scripts/timer_study.py cause "$W/study" --processes 4
-  step 60 study-strata python3 scripts/timer_study.py strata "$W/study"
+  step 150 study-cause python3 scripts/study/timer_study.py cause "$W/study" --processes 4
+  step 60 study-strata python3 scripts/study/timer_study.py strata "$W/study"
 fi
 
 # 5 back-to-back runs per timing method, as many as fit before the wall profile's reserve
 WALL_RESERVE=80
 DEADLINE=$(( $(left) - WALL_RESERVE - 20 ))
-step $(( DEADLINE > 60 ? DEADLINE + 60 : 120 )) study-methods python3 scripts/timer_study.py methods "$W/study" \
+step $(( DEADLINE > 60 ? DEADLINE + 60 : 120 )) study-methods python3 scripts/study/timer_study.py methods "$W/study" \
   --runs 5 --ceilings "${CEIL:-/nonexistent}" --deadline "$DEADLINE" --methods "${METHODS:-{\"current\": \"\"}}"
-python3 scripts/timer_study.py report "$W/study" >/dev/null 2>&1
+python3 scripts/study/timer_study.py report "$W/study" >/dev/null 2>&1
 
 # 6 where each command's time goes (Triton's cache is warm from the steps above; verify act-grid
 # twice: its first run compiles the swiglu and squared_relu kernels at N = 768)
@@ -104,7 +104,8 @@ grep -E "^\| \`" "$W/wall/wall_profile.md" 2>/dev/null | head -8 | tee -a "$SUMM
 python3 - "$W" "$SLUG" >"$W/timer-report.log" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path
-from moebench.analysis.timer_report import build
+sys.path.insert(0, "scripts")
+from timer_report import build
 w, slug = Path(sys.argv[1]), sys.argv[2]
 m = json.loads((w / "study/methods.json").read_text()) if (w / "study/methods.json").exists() else {"methods": {}}
 parts = []
@@ -112,7 +113,7 @@ cur = sorted((w / "study/methods/current").glob("run*"))
 runs = [w / "A"] + cur
 parts.append(build(runs, ["count-block", "act-grid"], slug,
                    f"Run 1 = `moebench sweep NAME --cross-check dobench,nvbench,profiler`; runs 2-{len(runs)} = the same "
-                   "sweeps back to back in fresh processes (scripts/timer_study.py methods, method `current`).",
+                   "sweeps back to back in fresh processes (scripts/study/timer_study.py methods, method `current`).",
                    "# Timer trust report (draft from scripts/h200-instrument.sh)"))
 for name, settings in m["methods"].items():
     if name == "current":

@@ -19,7 +19,7 @@ mb sweep layer --out "$OUT"
 DEV=$(dirname "$(ls "$OUT"/*/layer.json | head -1)")
 mb ab layer-count --off count_block_size=1024 --on count_block_size=128 --arms 4 --iters 5 --out "$OUT"
 mb ab layer-act --off act_variant=legacy --on act_variant=capped --arms 4 --iters 5 --out "$OUT"
-CAP=$(python3 -m moebench.report.layer_report best-cap "$DEV/layer.json" --default 1024)
+CAP=$(python3 scripts/layer_report.py best-cap "$DEV/layer.json" --default 1024)
 echo "best activation cap in the layer sweep at decode: $CAP"
 if [ "$CAP" != 8192 ] && [ "$CAP" != 512 ]; then
   mb ab layer-act --off act_variant=legacy --on act_variant=capped --on act_grid_cap="$CAP" --arms 4 --iters 5 \
@@ -27,5 +27,5 @@ if [ "$CAP" != 8192 ] && [ "$CAP" != 512 ]; then
   for ext in json md; do mv "$OUT/best/$(basename "$DEV")/layer-act-ab.$ext" "$DEV/layer-act-best-ab.$ext"; done
 fi
 if [ "${2:-}" = --verify ]; then mb verify layer --out "$OUT"; fi
-python3 -m moebench.report.layer_report "$DEV" --kernel-dir "${KERNEL_DIR:-results/h200}" -o "$DEV/layer-report.md"
+python3 scripts/layer_report.py "$DEV" --kernel-dir "${KERNEL_DIR:-results/h200}" -o "$DEV/layer-report.md"
 cat "$DEV/layer-report.md"

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Snapshot trees of a list of commits, for a results history across commits (issue 26, item 3).
 
-    scripts/history_series.py [--out .series] [--sweep count-block] COMMIT...
+    scripts/history_series.py [--out .series] [--sweep count-block] [--force] COMMIT...
 
-For each commit, in the order given, `git archive` writes its tree (without results/, which a
+OUT is deleted and remade: only an earlier series (its .moebench-series marker), an empty
+folder, or with --force any other folder, never a checkout or a folder that holds one. For each
+commit, in the order given, `git archive` writes its tree (without results/, which a
 sweep does not read, unless --with-results) into OUT/NN-<short hash>/, and OUT/series.tsv lists
 "NN <full hash> <folder>". OUT/run.sh then runs, from the checkout's root on a GPU machine (the
 tree travels without .git, so the snapshots are the only way to run old commits there):
@@ -20,6 +22,7 @@ moebench, `history add` of every run into RESULTS_DIR/history.sqlite and `histor
 from __future__ import annotations
 
 import argparse
+import io
 import shlex
 import shutil
 import subprocess
@@ -27,6 +30,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = ".moebench-series"  # in every folder this script makes: the only folders it deletes unasked
 RUNNER = """#!/usr/bin/env bash
 # Made by scripts/history_series.py: one `moebench sweep {sweep}` per snapshot below, in commit order,
 # then the history of them all. Run from the checkout's root: bash {out}/run.sh [RESULTS_DIR]
@@ -68,8 +73,6 @@ def snapshot(repo: Path, commit: str, dest: Path, with_results: bool) -> None:
     """The commit's tree under dest, from `git archive` (no .git)."""
     paths = ["--", "."] if with_results else ["--", ".", ":(exclude)results", ":(exclude).series"]
     data = git(repo, "archive", "--format=tar", commit, *paths, binary=True)
-    import io
-
     dest.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 / 3.12: refuse links out of dest
@@ -78,14 +81,34 @@ def snapshot(repo: Path, commit: str, dest: Path, with_results: bool) -> None:
             tar.extractall(dest)
 
 
+def refuse_out(out: Path, checkouts: list[Path], *, force: bool) -> str | None:
+    """Why OUT must not be deleted and remade, or None: it is (or holds) a checkout, it is not a
+    folder, or it is a folder with files that is not an earlier series (no MARKER) and --force was
+    not given. OUT is resolved."""
+    for c in checkouts:
+        c = c.resolve()
+        if out == c or c.is_relative_to(out):
+            return f"is the checkout {c} or a folder that holds it: never deleted"
+    if not out.exists() and not out.is_symlink():
+        return None
+    if not out.is_dir() or out.is_symlink():
+        return "exists and is not a folder: not replaced"
+    if (out / MARKER).is_file() or not any(out.iterdir()) or force:
+        return None
+    return (f"is not an earlier series (no {MARKER} in it) and is not empty: not deleted (pass --force to delete "
+            "it and remake it, or another --out)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("commits", nargs="+", help="Commits (any git revision), in series order.")
-    ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1], help="The git checkout.")
+    ap.add_argument("--repo", type=Path, default=ROOT, help="The git checkout.")
     ap.add_argument("--out", type=Path, default=None, help="Snapshot folder (default: REPO/.series).")
     ap.add_argument("--sweep", default="count-block", help="The sweep run.sh runs in each snapshot.")
     ap.add_argument("--sweep-args", default="", help="Extra arguments of that sweep (e.g. '--cross-check dobench').")
     ap.add_argument("--with-results", action="store_true", help="Keep results/ in the snapshots.")
+    ap.add_argument("--force", action="store_true", help="Delete --out even if it is not an earlier series "
+                    "(never a checkout or a folder that holds one).")
     a = ap.parse_args(argv)
     repo = a.repo.resolve()
     out = (a.out or repo / ".series").resolve()
@@ -97,9 +120,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {c}: not a commit of {repo}", file=sys.stderr)
             return 2
         full.append(r.stdout.strip())
+    why = refuse_out(out, [repo, ROOT], force=a.force)
+    if why:
+        print(f"error: --out {a.out or out}: {why}", file=sys.stderr)
+        return 2
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    (out / MARKER).write_text("made by scripts/history_series.py: the next run may delete and remake this folder\n")
     lines = []
     for i, h in enumerate(full):
         d = f"{i + 1:02d}-{h[:10]}"

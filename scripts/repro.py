@@ -46,10 +46,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # timer_report.py beside this script
 
-from moebench.analysis.timer_report import covered, spread_pct  # noqa: E402
 from moebench.core import noise as N  # noqa: E402
-from moebench.core.records import Record, load_results  # noqa: E402
+from moebench.core.provenance import git_commit  # noqa: E402
+from moebench.core.records import Record, load_results, record_from  # noqa: E402
+from moebench.core.store import atomic_write_text  # noqa: E402
+from moebench.core.text import safe_stem  # noqa: E402
+from moebench.errors import MoebenchError, UsageError  # noqa: E402
+from timer_report import covered, spread_pct  # noqa: E402
 
 TARGET_PCT, GOAL_PCT = 3.0, 1.5  # issue 23: every case within 3% across fresh processes (goal 1.5%)
 COVER_TARGET = 0.95  # at least 95% of run pairs inside their stated intervals
@@ -164,7 +169,7 @@ def load_runs(dirs: list[Path]) -> dict[str, list[Run]]:
         if d.is_file() and d.suffix == ".json":
             d, files = d.parent, [d]
         if not d.is_dir():
-            raise SystemExit(f"{d}: not a folder of runs (scripts/repro.py run --out DIR) or a run's file")
+            raise UsageError(f"{d}: not a folder of runs (scripts/repro.py run --out DIR) or a run's file")
         man = {}
         if (d / "repro.json").exists():
             man = json.loads((d / "repro.json").read_text())
@@ -196,13 +201,18 @@ def _calibration(runs: list[Run]) -> dict:
 
 
 def calibrate(dirs: list[Path], out: Path) -> list[Path]:
-    """Write OUT/<sweep>.json, the noise model of every sweep found in DIRs."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write OUT/<sweep>.json, the noise model of every sweep found in DIRs (atomically). A sweep
+    name read from a results file that could not name a file inside OUT (`../victim`) is refused
+    before anything is written."""
+    by_sweep = sorted(load_runs(dirs).items())
+    for sweep, runs in by_sweep:
+        if not safe_stem(sweep):
+            raise UsageError(f"{runs[0].path}: provenance.sweep {sweep!r} cannot name a model file in {out} "
+                             "(letters, digits, '.', '_', '-'); nothing written")
     written = []
-    for sweep, runs in sorted(load_runs(dirs).items()):
-        doc = _calibration(runs)
+    for sweep, runs in by_sweep:
         dest = out / f"{sweep}.json"
-        dest.write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write_text(dest, json.dumps(_calibration(runs), indent=1) + "\n")
         written.append(dest)
     return written
 
@@ -237,8 +247,6 @@ def with_noise(rec: Record, rel: float) -> Record:
     """A copy of `rec` stating `rel` as its half-width."""
     d = rec.to_json()
     d["timing"] = {**d["timing"], "rel_noise": rel}
-    from moebench.core.records import record_from
-
     return record_from(d, "restated")
 
 
@@ -467,11 +475,13 @@ def report(dirs: list[Path], noise_dir: Path | None = None, *, compare=compare_e
         out += [f"Noise models from {noise_dir}.", ""]
     for sweep, runs in sorted(by_sweep.items()):
         model = doc = None
-        if noise_dir is not None and (noise_dir / f"{sweep}.json").exists():
-            p = noise_dir / f"{sweep}.json"
+        p = noise_dir / f"{sweep}.json" if noise_dir is not None and safe_stem(sweep) else None
+        if p is not None and p.is_file():
             model, doc = N.load(p), json.loads(p.read_text())
             names = ", ".join(Path(c["file"]).name for c in doc.get("calibrated_on", []))
             out += [f"Model for {sweep}: {model.describe()}, calibrated on {names}.", ""]
+        elif noise_dir is not None:
+            out += [f"No model for {sweep} in {noise_dir}: its runs are read as they stated their noise.", ""]
         out += sweep_section(sweep, runs, model, doc, compare=compare, restate_all=restate_all)
     return "\n".join(out) + "\n"
 
@@ -546,29 +556,29 @@ def main(argv: list[str] | None = None) -> int:
                    "made with an older model")
     p.add_argument("-o", "--out", type=Path, required=True)
     a = ap.parse_args(argv)
-    from moebench.errors import MoebenchError
-
     try:
         if a.cmd == "run":
-            if a.n < 1:
-                raise SystemExit("--n: expected at least 1 run")
-            m = run(a.n, [s for s in a.sweeps.split(",") if s], a.out, extra, fresh_ceilings=a.fresh_ceilings)
+            sweeps = [s.strip() for s in a.sweeps.split(",") if s.strip()]
+            if a.n < 1 or not sweeps:
+                raise UsageError("--n: expected at least 1 run" if a.n < 1 else
+                                 f"--sweeps: expected a comma list of sweep names, got {a.sweeps!r}")
+            m = run(a.n, sweeps, a.out, extra, fresh_ceilings=a.fresh_ceilings)
             return 0 if all(e.get("file") for e in m["runs"]) else 1
         if a.cmd == "calibrate":
             for w in calibrate(a.dirs, a.out):
                 print(f"wrote {w}")
             return 0
         if a.cmd == "report" and a.restate and a.noise is None:
-            raise SystemExit("--restate: needs --noise DIR (the model to re-state the runs with)")
-        from moebench.core.records import git_commit
-
-        made_by = f"`python3 scripts/repro.py {' '.join(argv)}` at commit {str(git_commit(ROOT))[:12]}"
-        a.out.write_text(holdout(a.dirs, made_by=made_by) if a.cmd == "holdout"
-                         else report(a.dirs, a.noise, restate_all=a.restate, made_by=made_by))
+            raise UsageError("--restate: needs --noise DIR (the model to re-state the runs with)")
+        if a.cmd == "report" and a.noise is not None and not a.noise.is_dir():
+            raise UsageError(f"--noise: {a.noise} is not a folder of noise models (scripts/repro.py calibrate -o DIR)")
+        made_by = f"`python3 scripts/repro.py {' '.join(argv)}` at commit {str(git_commit())[:12]}"
+        atomic_write_text(a.out, holdout(a.dirs, made_by=made_by) if a.cmd == "holdout"
+                          else report(a.dirs, a.noise, restate_all=a.restate, made_by=made_by))
         print(f"wrote {a.out}")
         return 0
     except MoebenchError as e:
-        print(str(e), file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
 
 

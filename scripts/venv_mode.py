@@ -3,7 +3,7 @@
 Prints one line, `MODE [PIP_FLAGS]`, on stdout, and why on stderr:
 
 - `system`: a GPU, and this Python's own torch (a CUDA or ROCm build) and triton import and meet
-  pyproject's minimums: .venv is made with --system-site-packages and reuses them, so pip never
+  pyproject's minimums: .venv is made over this Python and reuses them, so pip never
   downloads a second, multi-GB CUDA torch; with setuptools >= 70.1 here too (or >= 61 and wheel),
   `--no-build-isolation` lets the editable install build without a package index.
 - `cuda`: a GPU but no usable torch/triton here (absent, too old, a CPU build, this Python too old):
@@ -11,6 +11,13 @@ Prints one line, `MODE [PIP_FLAGS]`, on stdout, and why on stderr:
 - `cpu`: no GPU: a bare .venv with the CPU build of torch installed first (the Makefile's TORCH_CPU).
 
     python3 scripts/venv_mode.py --gpu "$(HAS_GPU)"
+
+In `system` mode the Makefile then makes .venv with this script too (`--make-venv VENV`): with
+--system-site-packages, which sees the packages of this Python's base interpreter, and, when this
+Python is itself a virtual environment (a venv, uv, conda: the H200's python3 is one), a .pth file
+in .venv that adds this environment's site-packages, where its torch lives. pip in .venv then finds
+torch and every other installed requirement there and downloads nothing. With no pip of its own
+in .venv, this environment's pip (found through the same .pth) installs into .venv.
 
 Standard library only, and no syntax newer than Python 3.6, so any python3 can say why it is not
 used.
@@ -97,10 +104,36 @@ def decide(has_gpu, info, mins):
                              (py, info["torch"], info["triton"]))
 
 
+def make_venv(venv):
+    """.venv over this Python, reusing its packages: --system-site-packages, and a .pth file with
+    this environment's own site-packages when this Python is a virtual environment (whose packages
+    --system-site-packages alone would not see). Returns the .pth file written, or None."""
+    import site
+    import venv as venv_module
+
+    inside = sys.prefix != sys.base_prefix
+    paths = [p for p in site.getsitepackages() if os.path.isdir(p)] if inside else []
+    has_pip = any(os.path.isdir(os.path.join(p, "pip")) for p in paths)
+    venv_module.EnvBuilder(system_site_packages=True, with_pip=not has_pip, symlinks=os.name != "nt").create(venv)
+    if not paths:
+        return None
+    site_dir = os.path.join(venv, "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+    pth = os.path.join(site_dir, "_moebench_reuse.pth")
+    with open(pth, "w") as f:
+        f.write("# made by scripts/venv_mode.py: the packages of the environment .venv was made from\n")
+        f.write("".join(p + "\n" for p in paths))
+    return pth
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="", help="non-empty: the machine has a GPU (the Makefile's HAS_GPU)")
+    ap.add_argument("--make-venv", metavar="VENV", help="make VENV over this Python, reusing its packages")
     a = ap.parse_args(argv)
+    if a.make_venv:
+        pth = make_venv(a.make_venv)
+        sys.stderr.write("make: %s reuses %s%s\n" % (a.make_venv, sys.prefix, " (through %s)" % pth if pth else ""))
+        return 0
     has_gpu = bool(a.gpu.strip()) and a.gpu.strip() != "0"
     mode, flags, why = decide(has_gpu, found_here() if has_gpu else {}, minimums())
     sys.stderr.write("make: %s\n" % why)

@@ -33,9 +33,9 @@ STAGES = [
     ("ceilings (cached device.json or measured)", "moebench.core.device", "load_or_measure_ceilings"),
     ("spec + cases", "moebench.core.spec", "load_spec"),
     ("spec + cases", "moebench.core.cases", "expand"),
-    ("provenance (git)", "moebench.core.records", "provenance"),
+    ("provenance (git)", "moebench.core.provenance", "provenance"),
     ("render the results page", "moebench.report.sweep", "sweep_markdown"),
-    ("write the results files", "moebench.core.records", "ResultsWriter.finalize"),
+    ("write the results files", "moebench.core.store", "ResultsWriter.finalize"),
     ("print tables", "moebench.cli.run", "print_pivots"),
 ]
 IMPORTS = ("torch", "triton", "pandas", "moebench.cli")
@@ -136,8 +136,8 @@ def triton_cache() -> dict:
     return {"dir": str(d), "entries": sum(1 for f in files if f.is_file())}
 
 
-def profile(command: str, out: Path, ceilings: Path | None, extra: list[str]) -> dict:
-    argv = shlex.split(command)
+def profile(argv: list[str], out: Path, ceilings: Path | None, extra: list[str]) -> dict:
+    argv = list(argv)
     slug = "-".join(a for a in argv if not a.startswith("-"))[:60]
     run_out = out / "runs" / f"{slug}-{time.strftime('%H%M%S')}"
     if ceilings is not None and ceilings.exists():
@@ -201,11 +201,13 @@ def table(rec: dict) -> list[str]:
     return out + [""]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 when every profiled command exited 0, 1 when one failed (its row still written), 2
+    for a command line that cannot be split (an unbalanced quote)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         child(Path(argv[1]), argv[3:])
-        return
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("commands", nargs="+", help='moebench commands, e.g. "sweep count-block"')
@@ -216,17 +218,28 @@ def main(argv: list[str] | None = None) -> None:
                     help="also run each command under cProfile (OUT/child-*.cprofile.txt); its own overhead "
                          "inflates the whole-command times, so profile and time in separate runs")
     a = ap.parse_args(argv)
+    try:
+        extra = shlex.split(a.extra)
+        commands = [shlex.split(c) for c in a.commands]
+    except ValueError as e:
+        print(f"error: cannot split a command line ({e}): {a.commands + [a.extra]}", file=sys.stderr)
+        return 2
     if a.cprofile:
         os.environ["WALL_PROFILE_CPROFILE"] = "1"
     a.out.mkdir(parents=True, exist_ok=True)
     recs = []
-    for command in a.commands:
+    for argv_ in commands:
         for i in range(a.repeat):
-            rec = profile(command, a.out, a.ceilings, shlex.split(a.extra))
+            rec = profile(argv_, a.out, a.ceilings, extra)
             rec["repeat"] = i + 1
             recs.append(rec)
             print(f"{rec['total_s']:7.2f} s  {rec['command']} (exit {rec.get('exit', rec['returncode'])})", flush=True)
             write(a.out, recs)  # after every command: a run stopped early keeps what finished
+    failed = [r for r in recs if r.get("exit", r["returncode"]) != 0 or r["returncode"] != 0]
+    for r in failed:
+        print(f"error: {r['command']} exited {r.get('exit', r['returncode'])}: "
+              f"{(r['stderr_tail'].strip().splitlines() or [''])[-1]}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def write(out: Path, recs: list[dict]) -> None:
@@ -245,4 +258,4 @@ def write(out: Path, recs: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

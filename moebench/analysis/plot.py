@@ -1,7 +1,10 @@
 """Curves from results, readable at a glance: the block-size curve of a `count` sweep (µs per launch
 against BLOCK_SIZE, one line per valid-token count) and the occupancy curve of an `act` sweep (µs
 and × floor against the grid cap, one line per live-row count), with a published reference series
-from moebench/reference beside the measurement, dashed, in the same colour.
+from moebench/reference beside the measurement, dashed, in the same colour; and the occupancy
+curve measured (`plot --counters`): µs against the x parameter and below it the achieved occupancy
+Nsight Compute measured (solid) beside the arithmetic one (dashed, same colour), from the
+`cross.counters` of records made with `sweep --counters`.
 
 matplotlib through the Agg canvas and its object API (no pyplot, no display), so it runs on a
 machine without a GPU or a screen. Library code: returns what it drew; the CLI prints it.
@@ -12,14 +15,16 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from moebench.analysis import metric_of, value_of, varying_keys
-from moebench.core.text import ordered
+from moebench.analysis.pages import builtin_family
 from moebench.analysis.reference import Reference
-from moebench.core.records import Record, atomic_write_bytes
-from moebench.errors import UsageError
 from moebench.core.family import Preset
+from moebench.core.records import Record
+from moebench.core.store import atomic_write_bytes
+from moebench.core.text import ordered
+from moebench.errors import UsageError
 
 
 TIMERS = {"graph-replay": "CUDA-graph replay"}
@@ -39,8 +44,6 @@ class Drawn:
 def preset_for(records: list[Record], x: str | None, series: str | None) -> Preset:
     """The family's plot preset (its catalogue's `plot`, else its default pivot), with --x and
     --series applied."""
-    from moebench.analysis.pages import builtin_family
-
     fam = records[0].family
     spec = builtin_family(fam)  # a reader never imports a plugin
     p = spec.plot if spec is not None else None
@@ -59,9 +62,6 @@ def preset_for(records: list[Record], x: str | None, series: str | None) -> Pres
 
 def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Reference | None = None,
                  x: str | None = None, series: str | None = None, metric: str = "median_us") -> Drawn:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     p = preset_for(records, x, series)
     fam = records[0].family
     if reference is not None and reference.family != fam:
@@ -75,8 +75,8 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
             for k in others:
                 per_label.setdefault((r.label, k), set()).add(repr(r.params.get(k)))
         others = [k for k in others if any(len(v) > 1 for (lab, kk), v in per_label.items() if kk == k)]
-    lines = _lines(records, p, others, metric, notes)
-    ref_lines = _lines(reference.records, p, [], metric, []) if reference is not None else {}
+    lines = _lines(records, p, others, _metric(metric), notes)
+    ref_lines = _lines(reference.records, p, [], _metric(metric)) if reference is not None else {}
     if not lines and not ref_lines:
         raise UsageError(f"no {metric} to plot: these results have no timings (an interpreter run checks "
                          "correctness only); plot a GPU sweep's results, or add --reference")
@@ -86,7 +86,7 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
     panels = [metric]
     floor_lines = {}
     if p.floor_panel:
-        floor_lines = _lines(records, p, others, "x_floor", [])
+        floor_lines = _lines(records, p, others, _metric("x_floor"))
         panels.append("x_floor")
         if lines and not floor_lines:
             notes.append("no × floor in the results (no measured ceilings, or an interpreter run): "
@@ -95,10 +95,7 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
 
     colours = _colours([k[0] for k in lines] + [k[0] for k in ref_lines])
     markers = _markers([k[1:] for k in lines])
-    # panels stacked, so each keeps the full width and its legend to the right
-    fig = Figure(figsize=(8.6, 4.4 * len(panels)), dpi=110)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    fig, axes = _figure(len(panels))
     xs_all: set = set()
 
     ax = axes[0]
@@ -112,7 +109,7 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
             ax.plot([xs[i]], [ys[i]], "o", ms=11, mfc="none", mec=c, mew=1.4)
     floor_drawn = False
     if p.floor_panel:  # the floor each line is read against, dotted, in its colour
-        for key, pts in _lines(records, p, others, "floor_us", []).items():
+        for key, pts in _lines(records, p, others, _metric("floor_us")).items():
             ys = [y for _, y in pts]
             ax.axhline(sum(ys) / len(ys), color=colours.get(key[0], "0.5"), ls=":", lw=1,
                        label=None if floor_drawn else "floor (bytes / copy ceiling)")
@@ -129,7 +126,7 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
 
     if p.floor_panel:
         ax2 = axes[1]
-        ref_floor = _lines(reference.records, p, [], "x_floor", []) if reference else {}
+        ref_floor = _lines(reference.records, p, [], _metric("x_floor")) if reference else {}
         levels = _floor_levels(records, p, others)
         for key, pts in floor_lines.items():
             xs, ys = zip(*pts)
@@ -155,20 +152,14 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
         sub.append("lines also split by " + ", ".join(others))
     if reference is not None:
         sub.append(f"dashed: {reference.label} ({reference.timer})")
-    fig.suptitle(title + ("\n" + "; ".join(sub) if sub else ""), fontsize=10.5)
-    for a in axes:
-        handles, _ = a.get_legend_handles_labels()
-        if handles:
-            a.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    atomic_write_bytes(out, buf.getvalue())
+    _save(fig, axes, title + ("\n" + "; ".join(sub) if sub else ""), out)
     return Drawn(out, title, panels, len(lines), sum(len(v) for v in lines.values()), n_ref, notes)
 
 
-def _lines(records: list[Record], p: Preset, others: list[str], metric: str,
-           notes: list[str]) -> dict[tuple, list[tuple[float, float]]]:
-    """Series key (series value, other varying values) -> [(x, y)] sorted by x."""
+def _lines(records: list[Record], p: Preset, others: list[str], get: Callable[[Record], float | None],
+           notes: list[str] | None = None) -> dict[tuple, list[tuple[float, float]]]:
+    """Series key (series value, other varying values) -> [(x, y)] sorted by x, y = get(record);
+    what was not drawn, and why, goes into `notes`."""
     out: dict[tuple, list] = {}
     failed = unavailable = no_x = 0
     for r in records:
@@ -178,7 +169,7 @@ def _lines(records: list[Record], p: Preset, others: list[str], metric: str,
         if r.status != "ok":
             failed += 1
             continue
-        y = metric_of(r, metric)
+        y = get(r)
         if y is None:
             continue
         xv = value_of(r, p.x)  # falls back to the launch group: legacy's grid 512, shipped's block
@@ -187,13 +178,87 @@ def _lines(records: list[Record], p: Preset, others: list[str], metric: str,
             continue
         key = (value_of(r, p.series),) + tuple(value_of(r, k) for k in others)
         out.setdefault(key, []).append((xv, y))
-    if failed:
+    if notes is not None and failed:
         notes.append(f"{failed} failed case(s) not drawn")
-    if unavailable:
+    if notes is not None and unavailable:
         notes.append(f"{unavailable} unavailable case(s) (their kernel source was not there) not drawn")
-    if no_x:
+    if notes is not None and no_x:
         notes.append(f"{no_x} timed case(s) without a positive {p.x} (a variant that does not read it) not drawn")
     return {k: sorted(out[k]) for k in ordered(out)}
+
+
+def _metric(metric: str) -> Callable[[Record], float | None]:
+    return lambda r: metric_of(r, metric)
+
+
+def _figure(panels: int):
+    """A figure of `panels` stacked panels (each keeps the full width, its legend to the right)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: only when drawing
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.6, 4.4 * panels), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(panels, 1, squeeze=False)[:, 0]
+
+
+def _save(fig, axes, title: str, out: Path) -> None:
+    fig.suptitle(title, fontsize=10.5)
+    for a in axes:
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    atomic_write_bytes(out, buf.getvalue())
+
+
+def plot_counters(records: list[Record], prov: dict, out: Path, *, x: str | None = None,
+                  series: str | None = None) -> Drawn:
+    """The occupancy curve, measured: µs per launch, and the achieved occupancy beside the
+    arithmetic one."""
+    p = preset_for(records, x, series)
+    others = [k for k in varying_keys(records) if k not in (p.x, p.series)]
+    measured = _lines(records, p, others, _achieved)
+    if not measured:
+        whys = {r.cross["counters"].get("unavailable") for r in records
+                if isinstance(r.cross.get("counters"), dict) and r.cross["counters"].get("unavailable")}
+        raise UsageError("--counters: no measured occupancy in these results; run `moebench sweep NAME --counters` "
+                         "on a GPU with Nsight Compute" + (f" (this run: {sorted(whys)[0]})" if whys else ""))
+    times = _lines(records, p, others, _metric("median_us"))
+    arith = _lines(records, p, others, _metric("occupancy_pct"))
+    colours = _colours([k[0] for k in list(times) + list(measured)])
+    markers = _markers([k[1:] for k in list(times) + list(measured)])
+    fig, (ax, ax2) = _figure(2)
+    xs_all: set = set()
+    for key, pts in times.items():
+        xs, ys = zip(*pts)
+        xs_all.update(xs)
+        ax.plot(xs, ys, "-" + markers[key[1:]], color=colours[key[0]], lw=1.8, ms=5,
+                label=_series_label(p.series, key, others))
+    _axes(ax, p.x, "µs per launch (CUDA-graph replay)", xs_all)
+    _yscale(ax, [y for pts in times.values() for _, y in pts])
+    for key, pts in measured.items():
+        xs, ys = zip(*pts)
+        xs_all.update(xs)
+        ax2.plot(xs, ys, "-" + markers[key[1:]], color=colours[key[0]], lw=1.8, ms=5,
+                 label=_series_label(p.series, key, others) + ", achieved")
+    for key, pts in arith.items():
+        if key in measured:
+            xs, ys = zip(*pts)
+            ax2.plot(xs, ys, "--", color=colours[key[0]], lw=1.1, label=_series_label(p.series, key, others)
+                     + ", arithmetic")
+    _axes(ax2, p.x, "occupancy % (solid: achieved, ncu; dashed: arithmetic)", xs_all)
+    ax2.set_ylim(0, 105)
+    dev = (prov.get("device") or {}).get("name") or "?"
+    title = f"{prov.get('sweep') or records[0].family}: {p.title}, measured occupancy on {dev}"
+    _save(fig, (ax, ax2), title + (("\nlines also split by " + ", ".join(others)) if others else ""), out)
+    n = sum(len(v) for v in measured.values())
+    return Drawn(out, title, ["median_us", "achieved vs arithmetic occupancy"], len(measured), n)
+
+
+def _achieved(r: Record) -> float | None:
+    c = r.cross.get("counters")
+    v = c.get("achieved_occupancy_pct") if isinstance(c, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _colours(keys: list[Any]) -> dict[Any, Any]:

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from moebench.core.records import Record
+from moebench.core.cases import case_id
+from moebench.core.spec import read_yaml
 from moebench.errors import UsageError
 
 
@@ -46,9 +48,6 @@ def load_reference(name: str) -> Reference:
     """moebench/analysis/reference/NAME.yaml as records (one per published cell), labelled with the
     reference's label so they sit beside a measurement without being mistaken for one. NAME must
     be one of the shipped tables (no paths), read with the specs' hardened YAML loader."""
-    from moebench.core.cases import case_id
-    from moebench.core.spec import read_yaml
-
     known = reference_names()
     if name not in known:
         raise UsageError(f"unknown reference {name!r}; known: {', '.join(known) or 'none'} (the shipped tables)")

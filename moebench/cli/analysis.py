@@ -7,6 +7,7 @@ Everything but `ab` runs without torch.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -18,11 +19,15 @@ from rich.text import Text
 
 from moebench.analysis.ab import (OFF, ON, ABPair, ab_pairs, effect_text, noise_text, per_step, projection_text, run_arms,
                                   separation_cell, separation_text, settings_text, us)
-from moebench.analysis.reference import reference_names
+from moebench.analysis import read_results
+from moebench.analysis.plot import plot_counters, plot_results
+from moebench.analysis.reference import load_reference, reference_names
 from moebench.core.baseline import launch_layers
 from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, STATE, TABLE_FORMAT_OPT, Bar, err,
                                  out, print_markdown, use_sources, wants_markdown)
-from moebench.core.text import md_table, num
+from moebench.core.store import atomic_write_text, output_file
+from moebench.core.text import md_table, num, printable
+from moebench.report.conformance import page as conformance_page, rows as conformance_rows, twins
 from moebench.errors import BackendError, ExitCode, UsageError
 
 app = typer.Typer()
@@ -139,7 +144,8 @@ def run_ab(sp, device, pairs: list[ABPair], offs, ons, *, arms: int, iters: int,
     from moebench.analysis.ab import ab_document
     from moebench.core.driver import Driver
     from moebench.core.pipeline import Options
-    from moebench.core.records import OutputLock, atomic_write_text, provenance, writable_dir
+    from moebench.core.provenance import provenance
+    from moebench.core.store import OutputLock, atomic_write_text, writable_dir
     from moebench.report.ab import ab_page
 
     dest = writable_dir(out_dir / device.slug, "--out")
@@ -321,11 +327,12 @@ def recommend(
     check: bool = typer.Option(False, "--check", help="With --emit: re-run the variants that read each emitted "
                                "switch (on this GPU) without and with the emitted environment, and say whether the "
                                "predicted gain held; exit 1 if not, 2 if it cannot be checked here."),
+
+    force: bool = typer.Option(False, "--force", help="With -o: replace the file if it exists."),
 ):
     """The robust configuration: worst-case regret (time / per-shape best - 1) of each configuration
     across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too.
     With --emit: the launch values a runtime reads, for the mix (--weights, default all shapes alike)."""
-    from moebench.analysis import read_results
     from moebench.analysis.recommend import explain, recommend_keys, regret_table
     from moebench.analysis.pages import builtin_family
 
@@ -333,19 +340,19 @@ def recommend(
     prov, records = read_results(results)
     fam = builtin_family(records[0].family)  # a reader never imports a plugin
     if emit is not None or check or output is not None or variant is not None:
-        raise typer.Exit(_emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric))
+        raise typer.Exit(_emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric, force))
     ov, cfg, grp = recommend_keys(records, fam, _csv(over), _csv(by))
     recs = regret_table(records, ov, cfg, grp, metric=metric, weights_text=weights)
     name = prov.get("sweep") or Path(results).stem
     dev = (prov.get("device") or {}).get("name")
     for rec in recs:
-        title = (f"{name}: regret of {metric} across {', '.join(ov)}"
-                 + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "")
-                 + (f" on {dev}" if dev else ""))
+        title = printable(f"{name}: regret of {metric} across {', '.join(ov)}"
+                          + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "")
+                          + (f" on {dev}" if dev else ""))
         head, rows = _regret_rows(rec)
         if md:
             print_markdown(f"**{title}**\n\n" + md_table(head, rows) + "\n")
-            print_markdown("\n".join(f"- {line}" for line in explain(rec)))
+            print_markdown("\n".join(f"- {printable(line)}" for line in explain(rec)))
         else:
             t = Table(title=title, title_justify="left")
             for i, h in enumerate(head):
@@ -354,11 +361,11 @@ def recommend(
                 t.add_row(*row)
             out.print(t)
             for line in explain(rec):
-                out.print(line, highlight=False)
+                out.print(printable(line), highlight=False)
         out.print("")
 
 
-def _emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric) -> int:
+def _emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric, force) -> int:
     """recommend --emit: decide, optionally --check on this GPU, write or print the file."""
     import json
 
@@ -368,6 +375,8 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
     if emit not in ("env", "json"):
         raise UsageError(f"--emit: expected env or json, got {emit!r}" if emit else
                          "--output, --variant and --check go with --emit env|json")
+    if output is not None:
+        output_file(output, inputs=[results], force=force)
     decisions = decide(records, fam, over=_csv(over), weights_text=weights, variant=variant, metric=metric,
                        noise=file_noise(prov, records, None if str(results).startswith("ref:") else Path(results)))
     checked = _check_emitted(results, prov, records, fam, decisions) if check else None
@@ -376,9 +385,6 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
     if output is None:
         out.print(text, markup=False, highlight=False, soft_wrap=True, end="")
     else:
-        from moebench.core.records import atomic_write_text, writable_dir
-
-        writable_dir(output.parent, "-o")
         atomic_write_text(output, text)
         for d in decisions:
             out.print(f"{d.switch.var}={d.value}: {d.reason}", highlight=False)
@@ -395,7 +401,7 @@ def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
     The environment is a mapping handed to the run, never os.environ."""
     from moebench.analysis.comparable import differences
     from moebench.analysis.recommend import check_cases, judge_check
-    from moebench.core.records import run_settings
+    from moebench.core.provenance import run_settings
     from moebench.core.spec import PACKAGE_ROOT, load_spec
 
     emitted = [d for d in decisions if d.emit]
@@ -473,10 +479,6 @@ def plot(
 ):
     """Draw the results as curves: the block-size curve (count) or the occupancy curve, µs and × floor
     against the grid cap (act), with an optional published reference beside them."""
-    from moebench.analysis import read_results
-    from moebench.analysis.reference import load_reference
-    from moebench.analysis.plot import plot_results
-
     prov, records = read_results(results)
     ref = load_reference(reference) if reference else None
     if output is None:
@@ -486,16 +488,8 @@ def plot(
         output = output.with_name(output.stem + "-counters.png") if counters else output
     if output.suffix.lower() != ".png":
         raise UsageError(f"-o: expected a .png path, got {output}")
-    if output.is_dir():
-        raise UsageError(f"-o: {output} is a folder; name the .png file to write")
-    if (output.exists() or output.is_symlink()) and not force:
-        raise UsageError(f"-o: {output} exists; not replaced (pass --force to replace it, or another -o)")
-    from moebench.core.records import writable_dir
-
-    writable_dir(output.parent, "-o")
+    output_file(output, inputs=[results], force=force)
     if counters:
-        from moebench.analysis.counters_plot import plot_counters
-
         if ref is not None:
             raise UsageError("--counters: the measured occupancy has no published reference; drop --reference")
         drawn = plot_counters(records, prov, output, x=x, series=series)
@@ -545,7 +539,7 @@ def _params(params: dict, keys: list[str]) -> str:
 
 
 def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
-    """Cells: the time, and its regret against the shape's best ("best" for the winner)."""
+    """Cells: the time, and its regret against the shape's best ("best" for the winner), printable."""
     single = len(rec.over_keys) == 1
     corner = " / ".join(rec.config_keys) + (f" \\ {rec.over_keys[0]}" if single else "")
     head = [corner] + [str(s[0]) if single else rec.shape_text(s) for s in rec.shapes] + ["worst", "at"]
@@ -574,7 +568,7 @@ def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
             mark.append("weighted")
         cells.append(", ".join(mark))
         rows.append(cells)
-    return head, rows
+    return [printable(h) for h in head], [[printable(c) for c in row] for row in rows]  # text from a results file
 
 
 @app.command(short_help="Seed kernels beside their upstream twins, across results files.")
@@ -583,32 +577,34 @@ def conformance(
                                          "beside the seed kernels (e.g. count-grid, act-upstream)."),
     output: Path = typer.Option(..., "-o", "--output", help="Path prefix: writes PREFIX.csv, PREFIX.json and "
                                 "PREFIX.md."),
+    force: bool = typer.Option(False, "--force", help="Replace PREFIX.csv, .json and .md if they exist."),
 ):
     """Seed kernels beside their upstream twins: for every pair of moebench's kernel and Megatron's at
     the same shape and launch in one run, the time ratio, bit-exactness and whether the ratio is within
-    the family's tolerance (count 5%, act 3%)."""
-    import json
+    the family's tolerance (count 5%, act 3%). Exit 1 when a pair is not bit-exact, 2 when the files
+    hold no pair at all (nothing was compared)."""
+    import pandas as pd  # heavy: only for the csv this command writes
 
-    import pandas as pd
-
-    from moebench.analysis import read_results
-    from moebench.report.conformance import page, rows, twins
-    from moebench.core.records import atomic_write_text
-
+    base = output.with_suffix("") if output.suffix in (".md", ".csv", ".json") else output
+    files = [base.with_name(f"{base.name}.{ext}") for ext in ("json", "csv", "md")]
+    for f in files:
+        output_file(f, inputs=results, force=force)
     pairs, sources = [], []
     for f in results:
         prov, records = read_results(f)
         sources.append((str(f), prov))
         pairs += twins(records)
-    doc = {"sources": [{"file": f, "provenance": p} for f, p in sources], "pairs": rows(pairs)}
-    base = output.with_suffix("") if output.suffix in (".md", ".csv", ".json") else output
-    atomic_write_text(base.with_name(base.name + ".json"), json.dumps(doc, indent=1, default=str) + "\n")
-    atomic_write_text(base.with_name(base.name + ".csv"), pd.DataFrame(rows(pairs)).to_csv(index=False))
-    atomic_write_text(base.with_name(base.name + ".md"), page(pairs, sources))
+    if not pairs:
+        raise UsageError(f"no twin pairs: nothing to compare in {', '.join(map(str, results))} (a seed kernel and "
+                         "its upstream twin at the same shape and launch, from one run); nothing written")
+    doc = {"sources": [{"file": f, "provenance": p} for f, p in sources], "pairs": conformance_rows(pairs)}
+    atomic_write_text(files[0], json.dumps(doc, indent=1, default=str) + "\n")
+    atomic_write_text(files[1], pd.DataFrame(conformance_rows(pairs)).to_csv(index=False))
+    atomic_write_text(files[2], conformance_page(pairs, sources))
     timed = [p for p in pairs if p.ratio is not None]
     off = [p for p in timed if p.within is False]
     out.print(f"{len(pairs)} twin pairs, {sum(p.exact for p in pairs)} bit-exact; "
               + (f"{len(timed) - len(off)}/{len(timed)} within tolerance" if timed else "no timings"), style="bold",
               highlight=False)
     out.print(f"Wrote {base}.csv, {base}.json, {base}.md", highlight=False)
-    raise typer.Exit(ExitCode.OK if pairs and all(p.exact for p in pairs) else ExitCode.CASE_FAILED)
+    raise typer.Exit(ExitCode.OK if all(p.exact for p in pairs) else ExitCode.CASE_FAILED)

@@ -26,7 +26,7 @@ from moebench import startup
 from moebench.analysis import metric_of
 from moebench.core import interpret as interpreter
 from moebench.core.device import detect, require_triton, want_interpreter
-from moebench.core.records import check_formats
+from moebench.core.store import check_formats
 from moebench.core.stats import median
 from moebench.core.text import ordered
 from moebench.errors import BackendError, UsageError

@@ -14,7 +14,7 @@ from moebench.analysis import REF_PREFIX, read_results
 from moebench.analysis.history import (add_results, case_text, check as run_check, open_db, order_notes, restate_with,
                                        series, varying_params)
 from moebench.cli.common import DEFAULT_OUT, err, out
-from moebench.core.text import md_table
+from moebench.core.text import md_table, printable
 from moebench.errors import ExitCode, UsageError
 
 app = typer.Typer(no_args_is_help=True,
@@ -153,10 +153,11 @@ def _print(title: str, head: list[str], rows: list[list[str]], markdown: bool, c
     if markdown:
         out.print(md_table(head, rows), markup=False, highlight=False, soft_wrap=True)
         return
-    t = Table(title=title, title_justify="left")
+    t = Table(title=printable(title), title_justify="left")
     for h in head:
         t.add_column(h, justify="right" if h.endswith(("µs", "%", "#")) or h in ("runs", "timed", "p", "at run")
                      else "left")
     for i, r in enumerate(rows):
+        r = [printable(c) for c in r]  # text read from results files: no escape sequence reaches the terminal
         t.add_row(*[Text(c, colour[i]) if colour and h == "label" else c for h, c in zip(head, r)])
     out.print(t)

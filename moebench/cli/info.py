@@ -11,14 +11,18 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from moebench.analysis.reference import reference_names
+from moebench.analysis.compare import add_cycles
+from moebench.analysis.pages import page_spec
+from moebench.analysis.reference import load_reference, reference_names
 from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, TABLE_FORMAT_OPT, err, out,
                                  listing_console, print_markdown, render_table, select_backend, use_sources, wants_markdown)
 from moebench.core.cases import expand
 from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
 from moebench.core.family import broken, catalogue, family_error
-from moebench.core.records import writable_dir
+from moebench.core.records import load_results
 from moebench.core.spec import builtin_models, builtin_sweeps, load_spec
+from moebench.core.store import atomic_write_text, page_problem, page_text, writable_dir
+from moebench.core.text import printable
 from moebench.errors import BackendError, Unavailable, UsageError
 from moebench.report.catalogue import default_text, family_doc
 from moebench.sources import upstream
@@ -158,20 +162,16 @@ def show(
     markdown: bool = MARKDOWN_OPT,
     fmt: str = TABLE_FORMAT_OPT,
 ):
-    """Print any results file as a PR-style pivot (--markdown: as pipe tables to paste)."""
-    from moebench.analysis.pages import builtin_family
-    from moebench.core.records import load_results
-    from moebench.report.sweep import frame, markdown_table, pivots
+    """Print any results file as a PR-style pivot (--markdown: as pipe tables to paste), by default
+    the one its page uses (the spec's pivot, recorded in the file)."""
+    from moebench.report.sweep import frame, markdown_table, pivots  # pandas: only for the commands that pivot
 
     md = wants_markdown(markdown, fmt)
     prov, records = load_results(results)
     if not records:
         raise UsageError(f"{results}: no records")
-    fam = builtin_family(records[0].family)  # a reader never imports a plugin
-    from moebench.analysis.compare import add_cycles
-
     add_cycles(records)  # timing.cycles (median µs x the case's SM clock) where a clock is recorded
-    pv = dict(fam.default_pivot) if fam else {}
+    pv = page_spec(prov, records).pivot  # the file's own pivot, else its (built-in) family's default
     rows = rows or pv.get("rows", "label")
     cols = cols or pv.get("cols", "label")
     df = frame(records)
@@ -191,7 +191,7 @@ def show(
     if reference:
         ref, tables = _beside_reference(results, records, reference, rows, cols, metric)
     for kind, title, t in tables:
-        head = f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else "")
+        head = printable(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""))
         shown, corner = "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"
         if md:
             print_markdown(f"**{head}**\n\n" + markdown_table(t, shown, corner) + "\n")
@@ -201,13 +201,12 @@ def show(
         out.print(f"reference: {ref.title} — {ref.source}", highlight=False)
     dev = prov.get("device", {}).get("name")
     if dev:
-        out.print(f"device: {dev}; command: {prov.get('command')}")
+        out.print(printable(f"device: {dev}; command: {prov.get('command')}"), highlight=False)
 
 
 def _beside_reference(results: Path, records: list, reference: str, rows: str, cols: str, metric: str):
     """show --reference: the published table and the pivots that set the measurement beside it."""
-    from moebench.analysis.reference import load_reference
-    from moebench.report.reference import beside_reference
+    from moebench.report.reference import beside_reference  # pandas
 
     ref = load_reference(reference)
     if ref.family != records[0].family:
@@ -219,13 +218,14 @@ def _beside_reference(results: Path, records: list, reference: str, rows: str, c
 
 
 @app.command(short_help="Rewrite a results file's page with today's report code.")
-def render(results: Path = typer.Argument(..., help="A results .json file; its .md is written beside it.")):
+def render(results: Path = typer.Argument(..., help="A results .json file; its .md is written beside it."),
+           force: bool = typer.Option(False, "--force", help="Replace a page that another spec made, that shows "
+                                      "more records, or that moebench did not write.")):
     """Re-render a results file's markdown page with this version's report code (no re-run), from
     the results file alone: no spec file is read and no plugin imported. An A/B results file (from
-    `moebench ab`) is refused: its page is an A/B page, which `ab` writes."""
-    from moebench.analysis.pages import page_spec
-    from moebench.core.records import atomic_write_text, load_results, page_trailer
-    from moebench.report.sweep import sweep_markdown
+    `moebench ab`) is refused: its page is an A/B page, which `ab` writes. The page beside it is
+    replaced only when it is this spec's and shows no more records (else --force)."""
+    from moebench.report.sweep import sweep_markdown  # pandas
 
     dest = results.with_suffix(".md")
     if results.suffix.lower() == ".md" or dest.resolve() == results.resolve():
@@ -237,13 +237,16 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     if "ab" in prov or any("ab_side" in r.timing for r in records):
         raise UsageError(f"{results}: an A/B results file (moebench ab); render writes sweep pages and would replace "
                          f"the A/B page {dest.name}: not rendered (run `moebench ab` again to remake it)")
+    why = None if force else page_problem(dest, prov, len(records))
+    if why:
+        raise UsageError(why)
     spec = page_spec(prov, records)
     for note in spec.notes:
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
     timed = any(r.timing.get("median_us") is not None for r in records)
     md = sweep_markdown(spec, records, prov, metric=None if timed or spec.family.host_only else "ref_check")
-    atomic_write_text(dest, md.rstrip("\n") + "\n" + page_trailer(prov, len(records)))
-    out.print(f"Wrote {dest}")
+    atomic_write_text(dest, page_text(md, prov, len(records)))
+    out.print(f"Wrote {dest}", markup=False, highlight=False)
 
 
 @app.command(short_help="The GPU, its clocks, copy ceilings, empty-kernel floor.")

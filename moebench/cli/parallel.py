@@ -47,7 +47,7 @@ def merge(
     imported). Shards must share the spec (sha256), the device class, the matrix, the timing
     settings, the kill-switch variables and the baseline launch; a case in two files must have identical results. Exit 1 when a
     case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
-    from moebench.core.records import OutputLock, ResultsWriter, writable_dir
+    from moebench.core.store import OutputLock, ResultsWriter, output_file, writable_dir
     from moebench.report.sweep import sweep_markdown
     from moebench.parallel.merge import merge_results
 
@@ -55,10 +55,8 @@ def merge(
     m = merge_results(files)
     dest, stem = _destination(output, m.files)
     writable_dir(dest, "-o")
-    inputs = {f.resolve() for f in m.files}
-    for suffix in fmts:
-        if (dest / f"{stem}.{suffix}").resolve() in inputs:
-            raise UsageError(f"-o: {dest / f'{stem}.{suffix}'} is one of the inputs; write the merge elsewhere")
+    for suffix in fmts:  # never an input; replacing an older merge is the writer's call (more records, --force)
+        output_file(dest / f"{stem}.{suffix}", inputs=m.files, force=True)
     prov = m.provenance
     spec = m.spec
     host_only = bool(spec.family.host_only)

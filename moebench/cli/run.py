@@ -24,9 +24,9 @@ from moebench.core.noise import apply as apply_noise, setting_problem
 from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
 from moebench.core.passes import check_cross_checks, select
 from moebench.core.pipeline import Options
-from moebench.core.records import (OutputLock, ResultsWriter, existing_records, previous_records, provenance,
-                                   record_key, result_stem, run_settings, stream_path, writable_dir)
-from moebench.core.runinfo import run_extra, summary_fields
+from moebench.core.provenance import provenance, record_key, run_extra, run_settings, summary_fields
+from moebench.core.store import (OutputLock, ResultsWriter, existing_records, previous_records, result_stem,
+                                 stream_path, writable_dir)
 from moebench.core.spec import apply_timing_overrides, load_spec
 from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
 from moebench.parallel import shards, workers

@@ -312,7 +312,7 @@ def load_or_measure_ceilings(info: DeviceInfo, results_root: Path, *, remeasure:
 
 def write_ceilings(path: Path, info: DeviceInfo, ceilings: dict[str, Any]) -> None:
     """The ceilings file (`moebench device`, a timed run, the child that measures for it)."""
-    from moebench.core.records import atomic_write_text
+    from moebench.core.store import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps({"device": info.to_dict(), "ceilings": ceilings}, indent=2) + "\n")

@@ -9,17 +9,18 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from moebench.errors import SpecError
 from moebench.core.expr import ExprError, compile_expr
-from moebench.core.text import kind, show
+from moebench.core.text import kind, safe_stem, show
 from moebench.core.family import FamilySpec, catalogue, family_error
+from moebench.core.noise import setting_problem as noise_setting_problem
+from moebench.errors import SpecError, UsageError
+from moebench.sources import plugins
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,11 +28,6 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 MAX_SPEC_BYTES = 4 * 2**20
 # Values end up as kernel arguments and tensor sizes: they must fit a signed 64-bit integer.
 INT64_MAX = 2**63 - 1
-# Sweep names become result file names: no path separators, no surprises in a shell.
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# ... and a file name holds at most 255 bytes: the longest one a run writes is `.NAME-verify-quick.partial.jsonl`
-# or its lock; 100 leaves room for every suffix.
-MAX_NAME_LEN = 100
 
 TOP_KEYS = {
     "name": "sweep name (string)",
@@ -88,8 +84,10 @@ MATRIX_KEYS = ("axes", "zip", "fixed", "where", "variants")
 
 @dataclass
 class Timing:
-    # 200 launches per graph: on an H200 a 2 µs kernel reads 2.5% high at 50 (the graph's own
-    # launch cost amortised) and within 0.5% of 1000 at 200 (results/h200/TIMER.md)
+    """The timer's settings (a spec's `timing:` block, --timing KEY=VALUE). The defaults are the
+    method the H200 results were made with; results/h200/TIMER.md measures why each has its value."""
+
+    # launches captured per graph: the graph's own launch cost amortised over them
     launches_per_graph: int = 200
     # rounds of every closure before a case's first graph is captured (1 before each further graph),
     # and replays of each graph before its timed replays
@@ -106,46 +104,30 @@ class Timing:
     # warm L2: each set also sits at this many - 1 further placements (copies of the same data in
     # fresh memory), all rotated in the graph, as far as the warm L2 budget allows
     placement_copies: int = 8
-    # Placement groups (issue 16): `groups` graphs, each over its own freshly allocated copies of
-    # the input sets, replays interleaved; the estimate is the mean of the group medians and its
-    # stated half-width the t-interval over them, so placement luck shows in the uncertainty.
-    # `max_groups` (0: = groups) lets a case whose groups disagree add groups until the interval
-    # is under groups_rel_noise, as far as max_seconds allows (on an H200 the act cases whose graphs
-    # split into two modes ~4% apart add groups; a case whose 4 groups agree stops at 4). 1 group
-    # is the single-graph timer (median of replays), never grown.
+    # `groups` graphs, each over its own freshly allocated copies of the input sets, replays
+    # interleaved: the estimate is the mean of the group medians and its stated half-width the
+    # t-interval over them, so placement luck shows in the uncertainty. A case whose groups
+    # disagree adds groups (up to `max_groups`, 0: = groups) while the interval is wider than
+    # groups_rel_noise, within max_seconds. 1 group is the single-graph timer (median of replays).
     groups: int = 4
     max_groups: int = 16
-    groups_rel_noise: float = 0.01  # add groups while the interval between them is wider (within max_seconds)
+    groups_rel_noise: float = 0.01
     # caching: input sets come from torch's caching allocator (several small sets share a 2 MiB
-    # segment, hence a page); private: every set and copy gets its own memory pool, so no two
-    # placements share a segment
+    # segment); private: every set and copy gets its own memory pool, so no two share a segment
     placement_memory: str = "private"
-    # Private placements only: the k-th placement's memory pool starts with a pad of
-    # (k mod placement_strata) x placement_stride bytes, so the small buffers of consecutive
-    # placements sit at offsets that differ in the address bits above the stride, instead of all
-    # at one offset of their 2 MiB segments. On an H200 a tiny buffer's (an atomic counter's) time
-    # depends on its address (the L2 slice): over 4 KiB steps of one segment the count case read
-    # 3.50-4.03 µs; the mean of 4 consecutive steps had an sd of 1.34% against 4.20% for one
-    # offset per fresh segment (results/h200/TIMER.md, "The address law").
+    # private placements only: the k-th placement's pool starts with a pad of (k mod
+    # placement_strata) x placement_stride bytes, so the small buffers of consecutive placements sit
+    # at different addresses (L2 slices) instead of all at one offset of their segments
     placement_strata: int = 8
     placement_stride: int = 4096
-    # The run-to-run component no single run can see, added in quadrature to the stated 95%
-    # half-width (rel_noise; the within-run part stays as rel_noise_within). On an H200 a case's
-    # medians over 5 back-to-back runs had a run sd of median 0.2-0.4%, max 1.2%, while each run's
-    # own placement groups agreed within 0.1% (results/h200/TIMER.md); 0.5% made 95-100% of the
-    # run pairs agree within their stated intervals there, against 76-88% without it.
+    # the run-to-run component no single run can see, added in quadrature to the stated 95%
+    # half-width (rel_noise; the within-run part stays as rel_noise_within)
     rerun_rel: float = 0.005
-    # The measured between-process term (issue 23): `auto` uses results/<device>/noise/<sweep>.json
-    # of the repository when it exists and was measured on this GPU, `none` never a model, else the
-    # path of a model (scripts/repro.py calibrate). With a model, a case adds the larger of rerun_rel
-    # and its measured half-width: on an H200 fresh processes differed by up to 17% at a few count
-    # cases while every run's own placement groups agreed within 0.5% (moebench.core.noise).
+    # the measured between-process term (moebench.core.noise): `auto` uses
+    # results/<device>/noise/<sweep>.json of the repository when it was measured on this GPU,
+    # `none` never a model, else the path of a model (scripts/repro.py calibrate); a case then adds
+    # the larger of rerun_rel and its measured half-width
     noise: str = "auto"
-    # The defaults above (8 sets x 8 copies in private memory with strata, 4 groups grown up to
-    # 16, a 0.5% run-to-run component) are the method of results/h200/TIMER.md (2026-11-30): over
-    # six back-to-back runs on one H200 every case of count-block stayed within 0.94% and of
-    # act-grid within 2.28%, and 100% / 97% of the run pairs agreed within their stated intervals.
-    # It costs wall time: about 5x the timing of the single-graph timer on a count case.
 
 
 @dataclass
@@ -198,16 +180,16 @@ class Spec:
 # ----------------------------------------------------------------------------------- resolving
 
 
-def resolve_spec_path(name_or_path: str, root: Path | None = None) -> Path:
+def resolve_spec_path(name_or_path: str) -> Path:
     """NAME -> sweeps/NAME.yaml (cwd first, then the project root); a path is taken as is."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or "/" in name_or_path or _exists(p):
         return p
-    for base in ([root] if root else []) + [Path.cwd(), PACKAGE_ROOT]:
+    for base in (Path.cwd(), PACKAGE_ROOT):
         cand = base / "sweeps" / f"{name_or_path}.yaml"
         if _exists(cand):
             return cand
-    known = sorted({q.stem for base in (Path.cwd(), PACKAGE_ROOT) for q in (base / "sweeps").glob("*.yaml")})
+    known = [q.stem for q in builtin_sweeps()]
     raise SpecError(f"sweeps/{name_or_path}.yaml", "", "no such sweep; built-in sweeps: "
                     + (", ".join(known) or "none") + _did_you_mean(name_or_path, known))
 
@@ -333,7 +315,7 @@ def _check_nodes(node: yaml.Node, key: str, active: set[int], done: set[int], pa
 
 def load_model(name: str, spec_path: Path) -> tuple[dict[str, Any], bytes]:
     known = [p.stem for p in builtin_models()]
-    if not NAME_RE.fullmatch(name):
+    if not safe_stem(name):
         raise SpecError(spec_path, "model", f"expected a model config name (configs/NAME.yaml), got {name!r}; "
                         f"known: {', '.join(known) or 'none'}")
     cands = [spec_path.resolve().parent.parent / "configs" / f"{name}.yaml",
@@ -361,13 +343,6 @@ def load_model(name: str, spec_path: Path) -> tuple[dict[str, Any], bytes]:
 # ----------------------------------------------------------------------------------- loading
 
 
-def _did_you_mean(word: Any, choices) -> str:
-    if not isinstance(word, str):
-        return ""
-    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def unknown_variant(name: str, family: FamilySpec) -> str:
     """Why `name` is no variant of `family`: the variants it has, and where a variant it lacks
     comes from (another family, or a plugin file that was not loaded)."""
@@ -378,13 +353,36 @@ def unknown_variant(name: str, family: FamilySpec) -> str:
             + _did_you_mean(name, family.variants) + f"; {where}")
 
 
+def _did_you_mean(word: Any, choices) -> str:
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_FAILED = object()  # what a part of a spec gives when it is wrong (its SpecError is kept by the _Loader)
+
+
 class _Loader:
+    """Checks the parts of one spec file. `attempt` keeps a part's error and goes on, so one run
+    reports every mistake; a part that stands on a wrong one is not checked (no error follows
+    from another)."""
+
     def __init__(self, path: Path, family: FamilySpec | None = None):
         self.path = path
         self.family = family
+        self.errors: list[SpecError] = []
 
     def fail(self, key: str, msg: str):
         raise SpecError(self.path, key, msg)
+
+    def attempt(self, fn, *args):
+        """fn(*args), or _FAILED with its SpecError kept."""
+        try:
+            return fn(*args)
+        except SpecError as e:
+            self.errors.append(e)
+            return _FAILED
 
     def mapping(self, v: Any, key: str, what: str = "a mapping") -> dict:
         if v is None:
@@ -397,10 +395,12 @@ class _Loader:
         return v
 
     def keys(self, d: dict, key: str, allowed: dict | tuple) -> None:
+        """Each unknown key of `d` is an error of its own (kept); the known ones are checked on."""
         for k in d:
             if k not in allowed:
                 sub = f"{key}.{k}" if key else k
-                self.fail(sub, f"unknown key; expected one of {', '.join(allowed)}" + _did_you_mean(k, allowed))
+                self.attempt(self.fail, sub, f"unknown key; expected one of {', '.join(allowed)}"
+                             + _did_you_mean(k, allowed))
 
     def string(self, v: Any, key: str) -> str:
         if not isinstance(v, str) or not v.strip():
@@ -429,30 +429,45 @@ class _Loader:
         return v
 
     def axes(self, v: Any, key: str, unique: bool = True) -> dict[str, list]:
+        """PARAM: [values...], each parameter checked on its own (a wrong one's error is kept, and
+        raised once all are checked)."""
         v = self.mapping(v, key, "a mapping PARAM: [values...]")
-        out = {}
-        for name, vals in v.items():
-            k = f"{key}.{name}"
-            self.param_name(name, k)
-            if isinstance(vals, dict):
-                self.fail(k, f"expected a list of values (or one value), got {show(vals)}")
-            if isinstance(vals, list):
-                if not vals:
-                    self.fail(k, "expected a non-empty list of values, got an empty list")
-                out[name] = [self.value(name, x, f"{k}[{i}]") for i, x in enumerate(vals)]
-            else:  # one value is a one-value axis
-                out[name] = [self.value(name, vals, k)]
-            if unique and len(set(map(repr, out[name]))) != len(out[name]):
-                self.fail(k, f"repeated values in {out[name]}; list each value once")
+        n = len(self.errors)
+        out = {name: vals for name, vals in ((name, self.attempt(self._axis, name, vals, f"{key}.{name}", unique))
+                                             for name, vals in v.items()) if vals is not _FAILED}
+        if len(self.errors) > n:
+            raise self.errors.pop()
+        return out
+
+    def _axis(self, name: str, vals: Any, k: str, unique: bool) -> list:
+        self.param_name(name, k)
+        if isinstance(vals, dict):
+            self.fail(k, f"expected a list of values (or one value), got {show(vals)}")
+        if isinstance(vals, list):
+            if not vals:
+                self.fail(k, "expected a non-empty list of values, got an empty list")
+            out = [self.value(name, x, f"{k}[{i}]") for i, x in enumerate(vals)]
+        else:  # one value is a one-value axis
+            out = [self.value(name, vals, k)]
+        if unique and len(set(map(repr, out))) != len(out):
+            self.fail(k, f"repeated values in {out}; list each value once")
         return out
 
     def fixed(self, v: Any, key: str) -> dict[str, Any]:
+        """PARAM: value, each parameter checked on its own (as axes)."""
         v = self.mapping(v, key, "a mapping PARAM: value")
+        n = len(self.errors)
         out = {}
         for name, x in v.items():
             if isinstance(x, list) and name in self.family.params:
-                self.fail(f"{key}.{name}", "expected one value, got a list; sweep several values under axes")
-            out[name] = self.value(name, x, f"{key}.{name}")
+                self.attempt(self.fail, f"{key}.{name}", "expected one value, got a list; sweep several values "
+                             "under axes")
+            else:
+                got = self.attempt(self.value, name, x, f"{key}.{name}")
+                if got is not _FAILED:
+                    out[name] = got
+        if len(self.errors) > n:
+            raise self.errors.pop()
         return out
 
     def zips(self, v: Any, key: str) -> list[dict[str, list]]:
@@ -528,16 +543,25 @@ class _Loader:
             out.append(VariantEntry(name, label, params, axes))
         return out
 
-    def matrix(self, d: dict, key: str, base: Matrix | None, allowed: tuple = MATRIX_KEYS) -> Matrix:
+    def matrix(self, d: dict, key: str, base: Matrix | None, allowed: tuple = MATRIX_KEYS) -> Matrix | object:
+        """One level of cases (the sweep, quick, verify, verify.quick) over `base`, the level it
+        overrides; _FAILED when a part of it is wrong (each part's error is kept)."""
         pre = f"{key}." if key else ""
         if key:
             self.keys(d, key, allowed)
-        variants = self.variants(d["variants"], pre + "variants") if "variants" in d else (
-            base.variants if base else None)
-        axes = self.axes(d["axes"], pre + "axes") if "axes" in d else {}
-        zips = self.zips(d["zip"], pre + "zip") if "zip" in d else []
-        fixed = self.fixed(d["fixed"], pre + "fixed") if "fixed" in d else {}
-        where = self.where(d["where"], pre + "where") if "where" in d else None
+        n = len(self.errors)
+        variants = self.attempt(self.variants, d["variants"], pre + "variants") if "variants" in d else (
+            base.variants if base else _FAILED)
+        axes = self.attempt(self.axes, d["axes"], pre + "axes") if "axes" in d else {}
+        zips = self.attempt(self.zips, d["zip"], pre + "zip") if "zip" in d else []
+        fixed = self.attempt(self.fixed, d["fixed"], pre + "fixed") if "fixed" in d else {}
+        where = self.attempt(self.where, d["where"], pre + "where") if "where" in d else None
+        if len(self.errors) > n or variants is _FAILED:
+            return _FAILED
+        return self.attempt(self._combined, d, pre, base, variants, axes, zips, fixed, where)
+
+    def _combined(self, d: dict, pre: str, base: Matrix | None, variants, axes, zips, fixed, where) -> Matrix:
+        """The checks across the parts of one level, and the level merged over its base."""
         # within one level a parameter is set in one place only
         seen: dict[str, str] = {}
         groups = [("axes", axes), ("fixed", fixed)] + [(f"zip[{i}]", z) for i, z in enumerate(zips)]
@@ -584,8 +608,6 @@ def _plugins(doc: dict, path: Path, L: "_Loader") -> list[dict]:
     register are known when the spec names them."""
     if "plugins" not in doc:
         return []
-    from moebench.sources import plugins
-
     items = doc["plugins"]
     if isinstance(items, str):
         items = [items]
@@ -603,6 +625,8 @@ def _plugins(doc: dict, path: Path, L: "_Loader") -> list[dict]:
 
 
 def load_spec(name_or_path: str) -> Spec:
+    """The spec of a name (sweeps/NAME.yaml) or a path, checked whole: every mistake found is
+    reported at once (SpecErrors, one line each), not only the first."""
     path = resolve_spec_path(name_or_path)
     doc, data = read_yaml(path)
     L = _Loader(path)
@@ -613,108 +637,140 @@ def load_spec(name_or_path: str) -> Spec:
                f"got {show(doc)}")
     L.mapping(doc, "")
     L.keys(doc, "", TOP_KEYS)
-    plugins = _plugins(doc, path, L)  # before the family and variant names are checked
+    plugin_files = L.attempt(_plugins, doc, path, L)  # before the family and variant names are checked
     cat = catalogue()
     for req, hint in (("name", "a sweep name"), ("family", f"a kernel family: {', '.join(cat)}"),
                       ("variants", "a list of variant names")):
         if req not in doc:
-            L.fail(req, f"missing; the spec needs {hint}")
-    name = L.string(doc["name"], "name")
-    if not NAME_RE.fullmatch(name):
-        L.fail("name", f"expected letters, digits, '.', '_' or '-' (it names the result files), got {name!r}")
-    if len(name) > MAX_NAME_LEN:
-        L.fail("name", f"expected at most {MAX_NAME_LEN} characters (it names the result files), got {len(name)}")
-    fam_name = L.string(doc["family"], "family")
-    if fam_name not in cat:
-        L.fail("family", family_error(fam_name) or f"unknown family {fam_name!r}; known: {', '.join(cat)}"
-               + _did_you_mean(fam_name, cat))
-    family = cat[fam_name]
-    L.family = family
+            L.attempt(L.fail, req, f"missing; the spec needs {hint}")
+    name = L.attempt(_name, L, doc["name"]) if "name" in doc else _FAILED
+    family = L.attempt(_family, L, doc["family"], cat) if "family" in doc and plugin_files is not _FAILED else _FAILED
+    L.family = family if family is not _FAILED else None
     description = doc.get("description", "") or ""
     if not isinstance(description, str):
-        L.fail("description", f"expected a string, got {show(description)}")
-
-    h = hashlib.sha256(data)
-    for plugin in plugins:
-        h.update(plugin["sha256"].encode())
-    model, model_name = {}, None
+        L.attempt(L.fail, "description", f"expected a string, got {show(description)}")
+    model, model_name, mdata = {}, None, b""
     if "model" in doc:
-        model_name = L.string(doc["model"], "model")
-        model, mdata = load_model(model_name, path)
-        h.update(mdata)
-
-    seed = doc.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= INT64_MAX:
-        L.fail("seed", f"expected a non-negative integer, got {show(seed)}")
-
-    max_cases = doc.get("max_cases", 5000)
-    if isinstance(max_cases, bool) or not isinstance(max_cases, int) or not 1 <= max_cases <= INT64_MAX:
-        L.fail("max_cases", f"expected a positive integer, got {show(max_cases)}")
-
-    sweep = L.matrix(doc, "", None)
-    quick = sweep
-    if "quick" in doc:
-        qdoc = L.mapping(doc["quick"], "quick", f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
-        quick = L.matrix(qdoc, "quick", sweep)
-
-    verify = verify_quick = None
-    if "verify" in doc:
-        vdoc = L.mapping(doc["verify"], "verify", f"a mapping ({', '.join(MATRIX_KEYS + ('quick',))})")
-        verify = L.matrix(vdoc, "verify", Matrix(sweep.variants, {}, [], dict(sweep.fixed), []),
-                          MATRIX_KEYS + ("quick",))
-        if "quick" in vdoc:
-            vq = L.mapping(vdoc["quick"], "verify.quick", f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
-            verify_quick = L.matrix(vq, "verify.quick", verify)
-
-    baseline = None
-    if "baseline" in doc:
-        b = dict(L.mapping(doc["baseline"], "baseline", "a mapping {variant: NAME, PARAM: VALUE...}"))
-        if "variant" not in b:
-            L.fail("baseline.variant", f"missing; name a variant of {family.name!r}: {', '.join(family.variants)}")
-        vname = L.string(b.pop("variant"), "baseline.variant")
-        if vname not in family.variants:
-            L.fail("baseline.variant", unknown_variant(vname, family))
-        takes = family.variants[vname].params
-        params = {}
-        for k, v in b.items():
-            if k in family.params and (family.params[k].role != "launch" or k not in takes):
-                L.fail(f"baseline.{k}", f"the baseline may set only launch parameters of {vname!r}: "
-                       f"{', '.join(takes) or 'none'}")
-            params[k] = L.value(k, v, f"baseline.{k}")
-        baseline = {"variant": vname, **params}
-    elif not family.host_only:
-        L.fail("baseline", "missing; name the launch every variant must equal bit-exactly, "
-               "e.g. {variant: persistent, block_size: 1024}")
-
-    pivot = dict(family.default_pivot)
-    if "pivot" in doc:
-        pv = L.mapping(doc["pivot"], "pivot", "a mapping {rows: PARAM, cols: PARAM, metric: COLUMN}")
-        L.keys(pv, "pivot", ("rows", "cols", "metric"))
-        for k, v in pv.items():
-            pivot[k] = L.string(v, f"pivot.{k}")
-        for k in ("rows", "cols"):
-            if k in pivot and pivot[k] not in family.params and pivot[k] not in ("variant", "label"):
-                L.fail(f"pivot.{k}", f"expected a parameter of {family.name!r}, 'variant' or 'label'; "
-                       f"got {pivot[k]!r}" + _did_you_mean(pivot[k], family.params))
-
-    timing = Timing()
-    if "timing" in doc:
-        t = L.mapping(doc["timing"], "timing", f"a mapping of timer settings ({', '.join(TIMING_KEYS)})")
-        L.keys(t, "timing", TIMING_KEYS)
-        for k, v in t.items():
-            problem = timing_problem(k, v)
-            if problem:
-                L.fail(f"timing.{k}", problem)
-            setattr(timing, k, TIMING_KEYS[k][0](v))
-        _follow_groups(timing, t)
-        problem = timing_consistency(timing)
-        if problem:
-            L.fail(*problem)
-
+        model_name = L.attempt(L.string, doc["model"], "model")
+        found = L.attempt(load_model, model_name, path) if model_name is not _FAILED else _FAILED
+        model, mdata = found if found is not _FAILED else ({}, b"")
+    seed = L.attempt(_count, L, doc.get("seed", 0), "seed", 0)
+    max_cases = L.attempt(_count, L, doc.get("max_cases", 5000), "max_cases", 1)
+    timing = L.attempt(_timing, L, doc["timing"]) if "timing" in doc else Timing()
+    if L.family is not None:
+        sweep, quick, verify, verify_quick = _matrices(L, doc)
+        baseline = L.attempt(_baseline, L, doc, family)
+        pivot = L.attempt(_pivot, L, doc, family)
+    if L.errors:
+        raise L.errors[0] if len(L.errors) == 1 else SpecErrors(L.errors)
+    h = hashlib.sha256(data)
+    for plugin in plugin_files:
+        h.update(plugin["sha256"].encode())
+    h.update(mdata)
     return Spec(path=path, name=name, family=family, description=description, model_name=model_name,
                 model=model, baseline=baseline, sweep=sweep, quick=quick, verify=verify,
                 verify_quick=verify_quick, pivot=pivot, timing=timing, seed=seed, max_cases=max_cases,
-                sha256=h.hexdigest(), plugins=plugins)
+                sha256=h.hexdigest(), plugins=plugin_files)
+
+
+class SpecErrors(SpecError):
+    """Several mistakes in one spec: each its own SpecError, shown one per line (the first one's
+    path, key and message are this error's)."""
+
+    def __init__(self, errors: list[SpecError]):
+        self.errors = errors
+        super().__init__(errors[0].path, errors[0].key, errors[0].message)
+        self.args = ("\nerror: ".join(str(e) for e in errors),)  # the CLI says "error: " before the first
+
+
+def _name(L: "_Loader", v: Any) -> str:
+    name = L.string(v, "name")
+    if not safe_stem(name):
+        if safe_stem(name[:100]):
+            L.fail("name", f"expected at most 100 characters (it names the result files), got {len(name)}")
+        L.fail("name", f"expected letters, digits, '.', '_' or '-' (it names the result files), got {name!r}")
+    return name
+
+
+def _family(L: "_Loader", v: Any, cat: dict) -> FamilySpec:
+    fam_name = L.string(v, "family")
+    if fam_name not in cat:
+        L.fail("family", family_error(fam_name) or f"unknown family {fam_name!r}; known: {', '.join(cat)}"
+               + _did_you_mean(fam_name, cat))
+    return cat[fam_name]
+
+
+def _count(L: "_Loader", v: Any, key: str, least: int) -> int:
+    """seed (>= 0) and max_cases (>= 1): an integer that fits int64."""
+    if isinstance(v, bool) or not isinstance(v, int) or not least <= v <= INT64_MAX:
+        L.fail(key, f"expected a {'non-negative' if least == 0 else 'positive'} integer, got {show(v)}")
+    return v
+
+
+def _matrices(L: "_Loader", doc: dict) -> tuple:
+    """The sweep's matrix, its quick override, the verify matrix and its quick override (None where
+    the spec has none; _FAILED where one is wrong or stands on one that is)."""
+    sweep = L.matrix(doc, "", None) if "variants" in doc else _FAILED
+    quick = sweep
+    if "quick" in doc and sweep is not _FAILED:
+        qdoc = L.attempt(L.mapping, doc["quick"], "quick", f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
+        quick = L.matrix(qdoc, "quick", sweep) if qdoc is not _FAILED else _FAILED
+    verify = verify_quick = None
+    if "verify" in doc and sweep is not _FAILED:
+        vdoc = L.attempt(L.mapping, doc["verify"], "verify", f"a mapping ({', '.join(MATRIX_KEYS + ('quick',))})")
+        verify = _FAILED if vdoc is _FAILED else L.matrix(
+            vdoc, "verify", Matrix(sweep.variants, {}, [], dict(sweep.fixed), []), MATRIX_KEYS + ("quick",))
+        if verify is not _FAILED and "quick" in vdoc:
+            vq = L.attempt(L.mapping, vdoc["quick"], "verify.quick",
+                           f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
+            verify_quick = L.matrix(vq, "verify.quick", verify) if vq is not _FAILED else _FAILED
+    return sweep, quick, verify, verify_quick
+
+
+def _baseline(L: "_Loader", doc: dict, family: FamilySpec) -> dict | None:
+    if "baseline" not in doc:
+        if not family.host_only:
+            L.fail("baseline", "missing; name the launch every variant must equal bit-exactly, "
+                   "e.g. {variant: persistent, block_size: 1024}")
+        return None
+    b = dict(L.mapping(doc["baseline"], "baseline", "a mapping {variant: NAME, PARAM: VALUE...}"))
+    if "variant" not in b:
+        L.fail("baseline.variant", f"missing; name a variant of {family.name!r}: {', '.join(family.variants)}")
+    vname = L.string(b.pop("variant"), "baseline.variant")
+    if vname not in family.variants:
+        L.fail("baseline.variant", unknown_variant(vname, family))
+    takes = family.variants[vname].params
+    params = {}
+    for k, v in b.items():
+        if k in family.params and (family.params[k].role != "launch" or k not in takes):
+            L.fail(f"baseline.{k}", f"the baseline may set only launch parameters of {vname!r}: "
+                   f"{', '.join(takes) or 'none'}")
+        params[k] = L.value(k, v, f"baseline.{k}")
+    return {"variant": vname, **params}
+
+
+def _pivot(L: "_Loader", doc: dict, family: FamilySpec) -> dict[str, str]:
+    pivot = dict(family.default_pivot)
+    if "pivot" not in doc:
+        return pivot
+    pv = L.mapping(doc["pivot"], "pivot", "a mapping {rows: PARAM, cols: PARAM, metric: COLUMN}")
+    L.keys(pv, "pivot", ("rows", "cols", "metric"))
+    for k, v in pv.items():
+        pivot[k] = L.string(v, f"pivot.{k}")
+    for k in ("rows", "cols"):
+        if k in pivot and pivot[k] not in family.params and pivot[k] not in ("variant", "label"):
+            L.fail(f"pivot.{k}", f"expected a parameter of {family.name!r}, 'variant' or 'label'; "
+                   f"got {pivot[k]!r}" + _did_you_mean(pivot[k], family.params))
+    return pivot
+
+
+def _timing(L: "_Loader", doc: Any) -> Timing:
+    t = L.mapping(doc, "timing", f"a mapping of timer settings ({', '.join(TIMING_KEYS)})")
+    L.keys(t, "timing", TIMING_KEYS)
+    timing = Timing()
+    set_timing(timing, {k: v for k, v in t.items() if k in TIMING_KEYS},
+               lambda key, problem: L.attempt(L.fail, f"timing.{key}" if key else "timing", problem))
+    return timing
 
 
 # ----------------------------------------------------------------------------------- timing settings
@@ -724,9 +780,7 @@ def timing_problem(key: str, v: Any) -> str | None:
     """What is wrong with timing setting `key` = `v` (a YAML value), or None."""
     typ, lo, hi = TIMING_KEYS[key]
     if key == "noise":
-        from moebench.core.noise import setting_problem
-
-        return setting_problem(v)
+        return noise_setting_problem(v)
     if typ is str:
         choices = TIMING_CHOICES[key]
         if not isinstance(v, str) or v not in choices:
@@ -739,30 +793,31 @@ def timing_problem(key: str, v: Any) -> str | None:
     return None
 
 
-def _follow_groups(t: Timing, given) -> None:
-    """`groups` set above the default `max_groups`, which was not set: the cap follows."""
+def set_timing(t: Timing, given: dict[str, Any], fail) -> None:
+    """Set the timing settings `given` (a spec's `timing:` block, or --timing): each checked
+    (fail(key, problem) for a bad one, which is then not set), then against each other. `groups`
+    set above the default `max_groups`, which was not given, lifts the cap with it."""
+    for k, v in given.items():
+        problem = timing_problem(k, v)
+        if problem:
+            fail(k, problem)
+        else:
+            setattr(t, k, TIMING_KEYS[k][0](v))
     if "groups" in given and "max_groups" not in given and t.max_groups and t.max_groups < t.groups:
         t.max_groups = t.groups
-
-
-def timing_consistency(t: Timing) -> tuple[str, str] | None:
-    """(key, problem) where two timing settings contradict each other, or None."""
     if t.max_replays < t.min_replays:
-        return "timing.max_replays", f"must be >= min_replays ({t.min_replays}), got {t.max_replays}"
+        fail("max_replays", f"must be >= min_replays ({t.min_replays}), got {t.max_replays}")
     if t.max_groups and t.max_groups < t.groups:
-        return "timing.max_groups", f"must be 0 (= groups) or >= groups ({t.groups}), got {t.max_groups}"
+        fail("max_groups", f"must be 0 (= groups) or >= groups ({t.groups}), got {t.max_groups}")
     if t.placement_stride % 512:
         # torch's allocator rounds every block to 512 bytes: another stride would not move the buffers by it
-        return "timing.placement_stride", f"must be a multiple of 512 bytes, got {t.placement_stride}"
-    return None
+        fail("placement_stride", f"must be a multiple of 512 bytes, got {t.placement_stride}")
 
 
 def apply_timing_overrides(timing: Timing, text: str) -> list[str]:
     """Apply `--timing KEY=VALUE,...` to a spec's timing settings (the same checks as the spec's
     `timing:` block); returns the keys set. A bad item is a UsageError naming it."""
-    from moebench.errors import UsageError
-
-    done = []
+    given: dict[str, Any] = {}
     for item in (x.strip() for x in text.split(",")):
         if not item:
             continue
@@ -772,16 +827,12 @@ def apply_timing_overrides(timing: Timing, text: str) -> list[str]:
             raise UsageError(f"--timing: expected KEY=VALUE with KEY one of {', '.join(TIMING_KEYS)}; got {item!r}"
                              + (_did_you_mean(key, TIMING_KEYS) if sep else ""))
         try:
-            value = yaml.safe_load(raw)
+            given[key] = yaml.safe_load(raw)
         except yaml.YAMLError:
-            value = raw
-        problem = timing_problem(key, value)
-        if problem:
-            raise UsageError(f"--timing {key}: {problem}")
-        setattr(timing, key, TIMING_KEYS[key][0](value))
-        done.append(key)
-    _follow_groups(timing, done)
-    problem = timing_consistency(timing)
-    if problem:
-        raise UsageError(f"--timing: {problem[0]} {problem[1]}")
-    return done
+            given[key] = raw
+
+    def fail(key: str, problem: str):
+        raise UsageError(f"--timing {key}: {problem}")
+
+    set_timing(timing, given, fail)
+    return list(given)

@@ -25,6 +25,23 @@ def show(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# What a terminal or a markdown viewer would act on instead of showing: C0 controls (ESC starts
+# every escape sequence; a carriage return overwrites a line), DEL, the C1 controls (0x9b is a CSI
+# of its own), and the bidirectional overrides and isolates that reorder what a line seems to say.
+_UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+_UNSAFE_RE = re.compile(f"[\x09\x0a{_UNSAFE}]")
+_UNSAFE_IN_LINES_RE = re.compile(f"[{_UNSAFE}]")
+
+
+def printable(text: Any, *, lines: bool = False) -> str:
+    """Text read from a results file, made safe to print on a terminal or put in a page: every
+    control character, and so every terminal escape sequence, is shown as its escape (``\\x1b``)
+    instead of acting. Newlines and tabs stay with `lines` (a whole page), else they are escaped too."""
+    s = str(text)
+    pat = _UNSAFE_IN_LINES_RE if lines else _UNSAFE_RE
+    return pat.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), s) if pat.search(s) else s
+
+
 def num(v: float | None, spec: str = ".2f") -> str:
     """A number for a table cell; an em dash for none."""
     return "—" if v is None else format(v, spec)
@@ -34,7 +51,7 @@ def md_table(head: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
     """A GitHub markdown table. A `|` or a line break inside a cell is escaped, so a label never
     splits its row."""
     def cell(c: Any) -> str:
-        return str(c).replace("|", "\\|").replace("\n", " ")
+        return printable(str(c).replace("\n", " ")).replace("|", "\\|")
 
     lines = ["| " + " | ".join(cell(h) for h in head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
@@ -81,3 +98,16 @@ def slugify(name: str) -> str:
     s = re.sub(r"^nvidia\s+", "", s)
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
     return s or "device"
+
+
+# A name read from a file that becomes a file name (a sweep's results, a noise model): letters,
+# digits, '.', '_', '-', not starting with a dot, so never a path, '..' or a hidden file; and at
+# most 100 characters, which leaves room for every suffix a run adds within a file name's 255 bytes
+# (`.NAME-verify-quick.partial.jsonl`).
+STEM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def safe_stem(name: Any) -> str | None:
+    """`name` when it can name a file inside a folder and nothing else (STEM_RE), else None."""
+    return name if isinstance(name, str) and STEM_RE.fullmatch(name) else None
+

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from moebench.core.records import Record
-from moebench.core.text import md_table, num
+from moebench.core.family import catalogue
+from moebench.core.text import md_table, num, printable
 
 
 @dataclass
@@ -57,8 +58,6 @@ def _launch_key(rec: Record) -> tuple:
 def twins(records: Sequence[Record]) -> list[Twin]:
     """Every (seed variant, its upstream twin) pair of ok records with equal shape and launch, in
     record order."""
-    from moebench.core.family import catalogue
-
     cat = catalogue()
     ours: dict[tuple, list[Record]] = {}
     theirs = []
@@ -162,7 +161,4 @@ def page(pairs: list[Twin], sources: list[tuple[str, dict]]) -> str:
     for fam in dict.fromkeys(p.family for p in pairs):
         fp = [p for p in pairs if p.family == fam]
         out += ["", f"## {fam}", "", summary(fp), "", table(fp)]
-    if not pairs:
-        out += ["", "No twin pairs in these files: they hold no ok record of an upstream variant beside one of "
-                "moebench's own at the same shape and launch."]
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out), lines=True) + "\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from moebench.core import counters as K
 from moebench.core.text import md_table, num, ordered, varying
 
 
@@ -48,8 +49,6 @@ def section(spec, records) -> str:
         whys = [_counters(r)["unavailable"] for r in have]
         return "\n".join(out + [f"Unavailable: {max(set(whys), key=whys.count)}."])
     c0 = _counters(measured[0])
-    from moebench.core import counters as K
-
     out += [f"Measured by {c0.get('tool')} {c0.get('tool_version') or ''} after all timing, in a child process: each "
             "case's launch captured in a CUDA graph and replayed once (every kernel replayed per metric pass, "
             f"clocks not locked, cache control {c0.get('cache_control')}). Several kernels of one case: bytes, "

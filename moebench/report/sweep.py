@@ -5,12 +5,17 @@ Library code: returns DataFrames and strings; the CLI prints them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from moebench.core.noise import page_line
 from moebench.core.records import Record
-from moebench.core.text import md_table, ordered, varying
+from moebench.core.text import md_table, num, ordered, printable, varying
+from moebench.report.conformance import section as twins_section
+from moebench.report.counters import section as counters_section  # records with cross.counters
+from moebench.report.sections import sweep_section
 from moebench.report.ties import (NOT_TAKEN, TIE_NOTE, _label, fastest, fastest_text,  # noqa: F401 (re-exported)
                                    full_labels, half_width)
 
@@ -72,13 +77,19 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
         col_vals = ordered((v,) for v in g[col])
         need = list(dict.fromkeys([*idx, col, "status", metric]))
         cells = {(tuple(r[i] for i in idx), r[col]): cell(r) for r in g[need].to_dict("records")}
-        data = [[cells.get((rv, cv[0])) for cv in col_vals] for rv in row_vals]
-        shown = [tuple(_label(x) for x in rv) for rv in row_vals]
+        data = [[_safe(cells.get((rv, cv[0]))) for cv in col_vals] for rv in row_vals]
+        shown = [tuple(_safe(_label(x)) for x in rv) for rv in row_vals]
         index = pd.MultiIndex.from_tuples(shown, names=idx) if len(idx) > 1 else pd.Index(
             [rv[0] for rv in shown], name=idx[0], dtype=object)
-        t = pd.DataFrame(data, index=index, columns=pd.Index([cv[0] for cv in col_vals], name=col))
-        tables.append((title, t))
+        t = pd.DataFrame(data, index=index, columns=pd.Index([_safe(cv[0]) for cv in col_vals], name=col))
+        tables.append((printable(title), t))
     return tables
+
+
+def _safe(v: Any) -> Any:
+    """A cell or label read from a results file: text printable (no escape sequence reaches a
+    terminal or a page), numbers as they are."""
+    return printable(v) if isinstance(v, str) else v
 
 
 def _shared_axes(df: pd.DataFrame, names: list[str]) -> tuple[list[str], list[str]]:
@@ -208,8 +219,6 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
         t = prov.get("timing", {})
         noise = [r.timing.get("rel_noise", 0) for r in timed]
         out.append(f"- Timer: {timer_text(t)}; worst achieved ±{100 * max(noise):.2f}%.")
-        from moebench.core.noise import page_line
-
         out.append(page_line(prov, timed))
         if c:
             out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "
@@ -232,16 +241,10 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
         out += [NOT_TAKEN_NOTE, ""]
     # a family may add sections of its own (e.g. combine's band table), after the pivots
-    from moebench.report.sections import sweep_section
-
     own = sweep_section(spec.family, records)
     if own is not None:
         out += [own, ""]
-    from moebench.report.counters import section as counters_section  # records with cross.counters
-
     out += [s + "\n" for s in (counters_section(spec, records),) if s]
-    from moebench.report.conformance import section as twins_section
-
     twins = twins_section(records)
     if twins:
         out += [twins, ""]
@@ -256,8 +259,6 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
 
 def _rel(path) -> str:
     """A spec path relative to the working directory when it is below it (results travel)."""
-    from pathlib import Path
-
     try:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except (ValueError, TypeError):
@@ -301,8 +302,6 @@ def timer_text(t: dict) -> str:
 def compare_markdown(rows, vary: list[str], title: str) -> str:
     """`moebench compare --markdown`: the per-case verdicts as a pipe table for a PR. `rows` are
     moebench.analysis.compare's CompareRows (read by attribute: core imports no analysis)."""
-    from moebench.core.text import num
-
     head = ["case", "variant", *vary, "BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]
     body = [[r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, ".3f"), num(r.new_us, ".3f"),
              f"{100 * r.diff:+.2f}" if r.diff is not None else "—",

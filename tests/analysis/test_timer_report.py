@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from moebench.analysis import timer_report as TR
 from moebench.core.records import Record
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import timer_report as TR  # noqa: E402  (scripts/timer_report.py)
 
 
 def _write(root: Path, name: str, medians: dict, rel: float, cross: dict | None = None, wall=1.5):

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,8 @@ def test_no_gpu_is_the_cpu_path():
 
 FAKE_PY = """#!/bin/sh
 echo "$0 $*" >> "$LOG"
-if [ "$1" = scripts/venv_mode.py ]; then echo "make: (fake) $FAKE_MODE" >&2; echo "$FAKE_MODE"; exit 0; fi
-if [ "$1" = -m ] && [ "$2" = venv ]; then
+if [ "$1" = scripts/venv_mode.py ] && [ "$2" = --gpu ]; then echo "make: (fake) $FAKE_MODE" >&2; echo "$FAKE_MODE"; exit 0; fi
+if { [ "$1" = -m ] && [ "$2" = venv ]; } || [ "$2" = --make-venv ]; then
   for d; do :; done
   mkdir -p "$d/bin" && cp "$0" "$d/bin/python"
 fi
@@ -64,9 +65,9 @@ fi
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
 @pytest.mark.parametrize("gpu,mode,venv_cmd,pip", [
-    ("1", "system --no-build-isolation", "-m venv --system-site-packages", ["-m pip install -q --no-build-isolation -e .[test]"]),
-    ("1", "cuda", "-m venv", ["-m pip install -q -e .[test]"]),
-    ("", "cpu", "-m venv", ["-m pip install -q torch==2.13.0", "-m pip install -q -e .[test]"]),
+    ("1", "system --no-build-isolation", "scripts/venv_mode.py --make-venv", ["-m pip install -q --no-build-isolation -e ."]),
+    ("1", "cuda", "-m venv", ["-m pip install -q -e ."]),
+    ("", "cpu", "-m venv", ["-m pip install -q torch==2.13.0", "-m pip install -q -e ."]),
 ])
 def test_make_install_follows_the_mode(tmp_path, gpu, mode, venv_cmd, pip):
     py = tmp_path / "python3"
@@ -83,6 +84,35 @@ def test_make_install_follows_the_mode(tmp_path, gpu, mode, venv_cmd, pip):
     assert calls[2:] == pip  # the CPU torch only without a GPU; never torch on a GPU machine that has one
     assert (venv / "bin" / ".installed").exists()
     assert f"make: (fake) {mode}" in r.stderr
+    # the test tools come later (make unit / make test), with the same pip flags; `make sweep` needs none
+    r = subprocess.run(["make", "--no-print-directory", f"{venv}/bin/.test-installed", f"PY={py}", f"VENV={venv}",
+                        f"HAS_GPU={gpu}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert log.read_text().splitlines()[-1].split(" ", 1)[1] == pip[-1] + "[test]"
+
+
+def test_a_venv_made_over_a_venv_sees_its_packages_and_pip_downloads_nothing(tmp_path):
+    """The H200's python3 is itself a venv (torch in its site-packages): .venv made with
+    --system-site-packages alone would see the base interpreter's packages only, and pip would look
+    for torch in the index. This test's Python is a venv too (its base has no torch): a .venv made
+    over it (`venv_mode.py --make-venv`) imports torch, and pip resolves moebench's requirements
+    with no index at all."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("this Python is not a virtual environment")
+    venv = tmp_path / "venv"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "venv_mode.py"), "--make-venv", str(venv)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    py = venv / "bin" / "python"
+    r = subprocess.run([str(py), "-c", "import sys, torch, typer, yaml; print(sys.prefix)"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == str(venv), r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "venv_mode.py"), "--make-venv", str(venv)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr  # over a .venv made before (a failed install): made again in place
+    r = subprocess.run([str(py), "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation", "-q",
+                        "-e", str(ROOT)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr  # every requirement found where it is installed: nothing to download
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")

@@ -105,3 +105,56 @@ def test_plot_never_overwrites_a_committed_figure(tmp_path):
     r = moebench("plot", "results/h200/count-block.json", "-o", dst / "count-block.png", cwd=tmp_path)
     assert r.returncode == 2 and (dst / "count-block.png").read_bytes() == figure
     assert moebench("plot", "results/h200/count-block.json", "--force", cwd=tmp_path).returncode == 0
+
+
+def test_recommend_and_conformance_never_overwrite_an_input(tmp_path, capsys):
+    """`recommend -o` and `conformance -o` onto their own input (or through a link to it): exit 2,
+    the input intact; an existing file is replaced only with --force, through a link, not over it."""
+    from clirun import run_cli
+
+    cb, cg = tmp_path / "cb.json", tmp_path / "count-grid.json"
+    shutil.copy(ROOT / "results" / "h200" / "count-block.json", cb)
+    shutil.copy(ROOT / "results" / "h200" / "count-grid.json", cg)
+    before = cb.read_bytes(), cg.read_bytes()
+    (tmp_path / "link.env").symlink_to(cb)
+    for cmd in (["recommend", str(cb), "--emit", "env", "-o", str(cb)],
+                ["recommend", str(cb), "--emit", "env", "-o", str(tmp_path / "link.env"), "--force"],
+                ["conformance", str(cg), "-o", str(tmp_path / "count-grid")]):
+        code, _, err = run_cli(cmd, capsys)
+        assert code == 2 and "is one of the inputs" in err and one_line(err), (cmd, err)
+    assert (cb.read_bytes(), cg.read_bytes()) == before
+    env = tmp_path / "x.env"
+    env.write_text("old\n")
+    code, _, err = run_cli(["recommend", str(cb), "--emit", "env", "-o", str(env)], capsys)
+    assert code == 2 and "exists; not replaced" in err and env.read_text() == "old\n"
+    real = tmp_path / "real.env"
+    real.write_text("old\n")
+    env.unlink()
+    env.symlink_to(real)
+    assert run_cli(["recommend", str(cb), "--emit", "env", "-o", str(env), "--force"], capsys)[0] == 0
+    assert env.is_symlink() and "MCORE_COUNT_TOKENS_BLOCK" in real.read_text()
+
+
+def test_conformance_without_twin_pairs_vouches_for_nothing(tmp_path, capsys):
+    """A results file with no seed/upstream pair: exit 2 'no twin pairs', nothing written (not exit
+    1, 'a case failed', when nothing failed)."""
+    from clirun import run_cli
+
+    code, _, err = run_cli(["conformance", str(ROOT / "results" / "h200" / "count-block.json"), "-o",
+                            str(tmp_path / "conf")], capsys)
+    assert code == 2 and "no twin pairs: nothing to compare" in err and one_line(err), err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_plot_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
+    """plot --counters on results without counters fails before writing: its default folder
+    out/FOLDER/ is not left behind."""
+    from clirun import run_cli
+
+    (tmp_path / "r").mkdir()
+    res = tmp_path / "r" / "cb.json"
+    shutil.copy(ROOT / "results" / "h200" / "count-block.json", res)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["plot", str(res), "--counters"], capsys)
+    assert code == 2, err
+    assert not (tmp_path / "out").exists()

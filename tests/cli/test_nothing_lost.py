@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from clirun import interrupt_after, run_cli, small_count_spec
-from moebench.core import records
-from moebench.core.records import OutputLock, Record, load_results, read_stream
+from moebench.core import store
+from moebench.core.records import Record, load_results, read_stream
+from moebench.core.store import OutputLock
 from moebench.core.pipeline import CasePipeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,7 +167,7 @@ def test_a_full_disk_mid_run_is_one_line_and_keeps_what_was_written(tmp_path, ca
     spec, out = spec_file(tmp_path), tmp_path / "r"
     with monkeypatch.context() as m:
         m.setattr(os, "fsync", fsync)
-        m.setattr(records, "FSYNC_EVERY_S", 0.0)  # every record synced: the failure lands on the fourth
+        m.setattr(store, "FSYNC_EVERY_S", 0.0)  # every record synced: the failure lands on the fourth
         code, _, err = sweep(capsys, spec, out)
     assert code == 2 and "No space left on device" in err and "--resume" in err and one_line(err)
     assert len(stream_records(out / DEV / "small.partial.jsonl")) == 4
@@ -284,7 +285,7 @@ def test_resume_drops_records_made_under_other_settings(tmp_path, capsys, monkey
     prov, recs = load_results(out / DEV / "small.json")
     keys = {r.resume_key for r in recs}
     from moebench.core.cases import expand
-    from moebench.core.records import record_key
+    from moebench.core.provenance import record_key
     from moebench.core.spec import load_spec
 
     s = load_spec(str(spec))

@@ -11,7 +11,9 @@ import pytest
 
 from moebench.core.cases import expand
 from moebench.core.device import DeviceInfo
-from moebench.core.records import Record, ResultsWriter, provenance
+from moebench.core.provenance import provenance
+from moebench.core.records import Record
+from moebench.core.store import ResultsWriter
 from moebench.core.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,21 +203,6 @@ def test_merge_into_a_new_folder(tmp_path):
     doc = json.loads((tmp_path / "newdir" / "count-block.json").read_text())
     assert [r["case_id"] for r in doc["records"]] == [c.id for c in expand(load_spec("count-block"))]
     assert "complete" in out and "INCOMPLETE" not in out
-
-
-def test_render_of_an_older_file_takes_the_page_from_moebenchs_own_sweep(tmp_path):
-    """A committed file from before provenance.page: its description and pivot come from the built-in
-    sweeps/NAME.yaml, read as data."""
-    p = tmp_path / "count-block.json"
-    doc = json.loads((ROOT / "results" / "h200" / "count-block.json").read_text())
-    for key in ("page", "cases"):  # as a file written before they were recorded (75d3fd3's pages)
-        doc["provenance"].pop(key, None)
-    p.write_text(json.dumps(doc))
-    code, out, err = _blocked("render", p, cwd=tmp_path)
-    assert code == 0, err
-    page = p.with_suffix(".md").read_text()
-    assert load_spec("count-block").description.strip().splitlines()[0] in page
-    assert "older moebench" in err and "sweeps/count-block.yaml" in err
 
 
 @pytest.mark.parametrize("edit, key", [

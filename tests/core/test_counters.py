@@ -386,7 +386,7 @@ def _act_records():
 
 
 def test_plot_counters_draws_time_and_measured_beside_arithmetic_occupancy(tmp_path, capsys):
-    from moebench.analysis.counters_plot import plot_counters
+    from moebench.analysis.plot import plot_counters
 
     recs = _act_records()
     drawn = plot_counters(recs, {"sweep": "act-grid", "device": {"name": "NVIDIA H200"}}, tmp_path / "c.png")

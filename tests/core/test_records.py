@@ -10,8 +10,10 @@ import pytest
 
 from moebench.core.cases import expand
 from moebench.core.device import DeviceInfo
-from moebench.core.records import (OutputLock, Record, ResultsWriter, existing_records, load_results,
-                                   previous_records, read_stream, record_key, run_settings, settings_diff, stream_path)
+from moebench.core.provenance import record_key, run_settings, settings_diff
+from moebench.core.records import Record, load_results, read_stream
+from moebench.core.store import (OutputLock, ResultsWriter, atomic_write_text, existing_records, output_file,
+                                 previous_records, repair_stream, stream_path)
 from moebench.core.spec import load_spec
 from moebench.errors import UsageError
 
@@ -44,7 +46,7 @@ def test_resume_key_is_the_case_and_the_settings(tmp_path):
         assert all(record_key(c, other) != keys[c.id] for c in cases), change
     assert "$MCORE_COUNT_TOKENS_BLOCK: unset -> '256'" in settings_diff(
         settings, run_settings(spec, CPU, timed=False, cross=(), environ={"MCORE_COUNT_TOKENS_BLOCK": "256"}))
-    assert settings_diff(None, settings).startswith("made by an earlier moebench")
+    assert settings_diff(None, settings) == "no settings recorded"
 
 
 def test_stream_drops_a_torn_tail_and_repairs_it(tmp_path):
@@ -57,9 +59,9 @@ def test_stream_drops_a_torn_tail_and_repairs_it(tmp_path):
     whole = p.read_bytes()
     p.write_bytes(whole + b'{"record": {"sweep": "count-bl')
     s = read_stream(p)
-    assert len(s.entries) == 4 and s.torn == 1 and s.cut_to is None and p.read_bytes() != whole
-    s = read_stream(p, repair=True)
-    assert s.cut_to == len(whole) and p.read_bytes() == whole
+    assert len(s.entries) == 4 and s.torn == 1 and s.complete_bytes == len(whole) and p.read_bytes() != whole
+    s = repair_stream(p)
+    assert s.torn == 1 and p.read_bytes() == whole
     assert all(e.settings == settings for e in s.entries)
     p.write_bytes(whole + b"not json\n" + b'{"record": {"sweep": 1}}\n')  # complete but unreadable lines
     s = read_stream(p)
@@ -128,6 +130,79 @@ def test_final_files_take_the_umask(tmp_path):
         assert stat.S_IMODE((tmp_path / f).stat().st_mode) == 0o664
 
 
+def test_a_csv_of_another_spec_is_not_replaced(tmp_path):
+    """A csv keeps its spec beside it (.NAME.csv.spec): another spec of the same name is refused,
+    as for json and md; a csv that says nothing of its spec is not replaced either."""
+    spec, cases, settings, keys, prov = setup(tmp_path)
+    prov = {**prov, "spec_path": "a/s.yaml"}
+    ResultsWriter(tmp_path, "s", prov, ("csv",), keys=keys).finalize([rec(cases[0])], complete=True)
+    assert (tmp_path / ".s.csv.spec").is_file()
+    before = (tmp_path / "s.csv").read_text()
+    other = {**prov, "spec_path": "b/s.yaml", "spec_sha256": "0" * 64}
+    with pytest.raises(UsageError, match="another spec named 'count-block'"):
+        ResultsWriter(tmp_path, "s", other, ("csv",), keys=keys)
+    assert (tmp_path / "s.csv").read_text() == before
+    ResultsWriter(tmp_path, "s", other, ("csv",), keys=keys, force=True)  # --force replaces
+    ResultsWriter(tmp_path, "s", {**prov, "spec_path": "c/s.yaml"}, ("csv",), keys=keys)  # same content elsewhere
+    ResultsWriter(tmp_path, "s", other, ("json", "csv"), keys=keys, force=True).finalize([rec(cases[0])],
+                                                                                      complete=True)
+    assert not (tmp_path / ".s.csv.spec").exists()  # the JSON twin says it now: no sidecar, none stale
+    (tmp_path / "s.json").unlink()
+    with pytest.raises(UsageError, match="does not say which spec made it"):
+        ResultsWriter(tmp_path, "s", prov, ("csv",), keys=keys)
+
+
+def test_an_atomic_write_goes_through_a_symlink(tmp_path):
+    target = tmp_path / "real" / "x.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "x.json"
+    link.symlink_to(target)
+    atomic_write_text(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["x.json"]  # no temporary file left
+
+
+def test_output_file_refuses_an_input_a_folder_and_an_existing_file(tmp_path):
+    inp = tmp_path / "in.json"
+    inp.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(inp)
+    for path in (inp, link):
+        with pytest.raises(UsageError, match="is one of the inputs"):
+            output_file(path, inputs=[inp], force=True)
+    with pytest.raises(UsageError, match="is a folder"):
+        output_file(tmp_path, force=True)
+    with pytest.raises(UsageError, match="exists; not replaced"):
+        output_file(inp)
+    made = tmp_path / "new" / "deeper" / "x.png"
+    assert output_file(made) == made and not (tmp_path / "new").exists()  # made only when written
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match="is not a folder"):
+        output_file(tmp_path / "file" / "x.png")
+
+
+def test_the_code_hash_of_a_plugin_covers_the_modules_it_imports(tmp_path, monkeypatch):
+    """Editing a module that a plugin imports from its own folder changes the plugin's code hash,
+    so --resume re-runs its cases."""
+    import sys
+
+    from moebench.core.provenance import _source_sha
+
+    (tmp_path / "helper_for_hash.py").write_text("N = 1\n")
+    plug = tmp_path / "plug.py"
+    plug.write_text("import helper_for_hash\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "helper_for_hash", raising=False)
+    __import__("helper_for_hash")
+    try:
+        before = _source_sha(f"plugin {plug}")
+        (tmp_path / "helper_for_hash.py").write_text("N = 2\n")
+        assert _source_sha(f"plugin {plug}") != before
+    finally:
+        sys.modules.pop("helper_for_hash", None)
+
+
 def test_output_lock_is_exclusive_and_leaves_nothing_behind(tmp_path):
     with OutputLock(tmp_path, "s") as lock:
         assert lock.path.read_text().startswith(f"pid {os.getpid()}: moebench")
@@ -174,7 +249,7 @@ def _commit_in(root, env_extra=None):
 
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("MOEBENCH_COMMIT", "MOEBENCH_GIT_COMMIT")}
     env.update(PYTHONPATH=str(root), **(env_extra or {}))
-    r = subprocess.run([sys.executable, "-c", "from moebench.core.records import git_commit; print(git_commit())"],
+    r = subprocess.run([sys.executable, "-c", "from moebench.core.provenance import git_commit; print(git_commit())"],
                        cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()

@@ -400,6 +400,21 @@ def test_spec_error_escapes_control_characters():
     assert str(e) == "a\\nb.yaml: axes.x\\ry: bad\\x1b[31m value"
 
 
+def test_every_mistake_of_a_spec_is_reported_at_once(tmp_path, monkeypatch, capsys):
+    """Three mistakes in three places (a timing key, an axis value, the seed) and an unknown key:
+    one `validate` names all four, one line each, exit 2; none follows from another."""
+    text = edited(seed=-1, axes={"block_size": [64, 96], "tokens": [1, 256]}, timing={"warmup": "x"},
+                  colour="red")
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    code, out, err = cli_run(monkeypatch, capsys, "validate", str(f))
+    lines = err.splitlines()
+    assert code == 2 and "Traceback" not in err and len(lines) == 4, lines
+    assert all(line.startswith(f"error: {f}: ") for line in lines), lines
+    for key in ("colour: unknown key", "seed: expected a non-negative", "axes.block_size[1]:", "timing.warmup:"):
+        assert any(key in line for line in lines), (key, lines)
+
+
 def test_no_verify_matrix(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text(edited())

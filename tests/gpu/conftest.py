@@ -52,7 +52,7 @@ def pytest_runtest_logreport(report):
 
 
 def _commit() -> str:
-    from moebench.core.records import git_commit  # $MOEBENCH_COMMIT, else moebench's own HEAD only
+    from moebench.core.provenance import git_commit  # $MOEBENCH_COMMIT, else moebench's own HEAD only
 
     return git_commit(ROOT) or "unknown"
 

@@ -1,17 +1,21 @@
 """The REPORT.md section on what survives in a layer, from layer A/B and sweep files: ratios,
-verdicts, the best cap, and splicing the section into a report. Synthetic timings, no GPU."""
+verdicts and the best cap. Synthetic timings, no GPU."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 from moebench.analysis import results_json_layout
 from moebench.analysis.ab import ab_pairs, parse_setting, run_arms
-from moebench.report.layer_report import HEADING, best_cap, main, section, splice
 from moebench.core.cases import expand
 from moebench.core.records import Record
 from moebench.core.baseline import add_baseline_deltas
 from moebench.core.spec import load_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from layer_report import HEADING, best_cap, main, section  # noqa: E402  (scripts/layer_report.py)
 
 DEVICE = {"name": "NVIDIA H200", "torch": "2.11", "triton": "3.6"}
 
@@ -122,21 +126,10 @@ def test_best_cap_reads_the_layer_sweep(results):
     assert best_cap(d / "missing.json") is None
 
 
-def test_splice_replaces_an_older_section_or_inserts_one():
-    report = "# R\n\n## A\n\na\n\n## What was not measured\n\n- x\n"
-    once = splice(report, f"{HEADING}\n\nfirst\n")
-    assert once.index(HEADING) < once.index("## What was not measured") and "## A" in once
-    twice = splice(once, f"{HEADING}\n\nsecond\n")
-    assert "first" not in twice and twice.count(HEADING) == 1 and "## What was not measured" in twice
-    assert splice("# R\n", f"{HEADING}\n\nx\n").endswith(f"{HEADING}\n\nx\n")
-
-
 def test_the_command_line(results, tmp_path, capsys):
     d, kd = results
-    report = tmp_path / "REPORT.md"
-    report.write_text("# Report\n\n## What was not measured\n\n- nothing\n")
-    assert main([str(d), "--kernel-dir", str(kd), "-o", str(tmp_path / "s.md"), "--into", str(report)]) == 0
-    assert HEADING in report.read_text() and (tmp_path / "s.md").read_text().startswith(HEADING)
+    assert main([str(d), "--kernel-dir", str(kd), "-o", str(tmp_path / "s.md")]) == 0
+    assert (tmp_path / "s.md").read_text().startswith(HEADING)
     assert main(["best-cap", str(d / "layer.json")]) == 0
     assert capsys.readouterr().out.strip() == "1024"
     assert main(["best-cap", str(tmp_path / "none.json"), "--default", "2048"]) == 0
@@ -154,7 +147,8 @@ def test_the_report_and_the_layer_pages_need_no_torch(results, tmp_path):
     d, kd = results
     root = Path(__file__).resolve().parents[2]
     blocked = "import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
-    code = blocked + f"from moebench.report.layer_report import main; main([{str(d)!r}, '--kernel-dir', {str(kd)!r}])"
+    code = blocked + (f"sys.path.insert(0, 'scripts'); from layer_report import main; "
+                      f"main([{str(d)!r}, '--kernel-dir', {str(kd)!r}])")
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert HEADING in r.stdout

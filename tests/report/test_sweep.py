@@ -44,6 +44,46 @@ def test_render_rewrites_the_page_from_the_json(tmp_path, capsys):
     assert code == 2 and "not a moebench results file" in err
 
 
+def test_render_replaces_only_its_own_page_showing_no_more_records(tmp_path, capsys):
+    """render refuses (exit 2) a page of another spec, one that shows more records than the results
+    hold, and a file that is not a moebench page; --force replaces each."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "results" / "h200"
+    res, md = tmp_path / "count-block.json", tmp_path / "count-block.md"
+    shutil.copy(src / "count-block.json", res)
+    shutil.copy(src / "count-block.md", md)
+    assert run_cli(["render", str(res)], capsys)[0] == 0  # its own page, as many records
+    doc = json.loads(res.read_text())
+    cases = [
+        ({**doc, "provenance": {**doc["provenance"], "spec_path": "elsewhere/count-block.yaml",
+                                "spec_sha256": "0" * 64}}, "is the page of another spec"),
+        ({**doc, "records": doc["records"][:3]}, "these results hold 3"),
+    ]
+    for bad, why in cases:
+        res.write_text(json.dumps(bad))
+        before = md.read_text()
+        code, _, err = run_cli(["render", str(res)], capsys)
+        assert code == 2 and why in err and md.read_text() == before, err
+        assert run_cli(["render", str(res), "--force"], capsys)[0] == 0
+        shutil.copy(src / "count-block.md", md)
+    md.write_text("# my notes\n")
+    res.write_text(json.dumps(doc))
+    code, _, err = run_cli(["render", str(res)], capsys)
+    assert code == 2 and "not a page moebench wrote" in err and md.read_text() == "# my notes\n"
+
+
+def test_show_uses_the_pivot_the_file_records(capsys):
+    """count-variants.json records the pivot label x tokens (its page's); show defaults to it, not to
+    the family's block_size x tokens."""
+    from pathlib import Path
+
+    f = Path(__file__).resolve().parents[2] / "results" / "h200" / "count-variants.json"
+    code, out, _ = run_cli(["show", str(f)], capsys)
+    assert code == 0 and "label \\ tokens" in out and "block_size \\ tokens" not in out
+
+
 # ----------------------------------------------------------------------------- one table per question, ties
 
 def lrec(label, us, noise=0.001, **params):
@@ -102,3 +142,30 @@ def test_which_grid_wins_says_tie_between_overlapping_kernels():
     row = next(line for line in text.splitlines() if line.startswith("| silu_mul_bounded | 16384 | 256 |"))
     assert "tie: upstream, cap 2048 2.13 ± 0.06; capped, cap 2048 2.19 ± 0.08" in row
     assert "do not say which of them is faster" in text
+
+
+def test_escape_sequences_in_a_results_file_reach_no_terminal_and_no_page(tmp_path, capsys):
+    """A label, a sweep name, a device and a command holding terminal escapes (clear screen, retitle,
+    a CSI of C1) print and render as visible escapes: show, recommend, render and its page."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "results" / "h200"
+    doc = json.loads((src / "count-block.json").read_text())
+    evil = "\x1b[2J\x1b]0;pwned\x07\x9b31m"
+    doc["provenance"]["sweep"] = "count-block" + evil
+    doc["provenance"]["command"] += evil
+    doc["provenance"]["device"]["name"] += evil
+    for r in doc["records"]:
+        r["label"] += evil
+    res = tmp_path / "count-block.json"
+    res.write_text(json.dumps(doc))
+    shutil.copy(src / "count-block.md", tmp_path / "count-block.md")
+    for cmd in (["show", str(res)], ["show", str(res), "--markdown"], ["recommend", str(res)],
+                ["recommend", str(res), "--markdown"], ["render", str(res), "--force"]):
+        code, out, err = run_cli(cmd, capsys)
+        assert code == 0, (cmd, err)
+        assert not any(c in out + err for c in "\x1b\x07\x9b"), cmd
+        assert "\\x1b[2J" in out or cmd[0] == "render", cmd
+    page = (tmp_path / "count-block.md").read_text()
+    assert "\x1b" not in page and "\x9b" not in page and "\\x1b[2J" in page

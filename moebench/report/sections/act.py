@@ -1,6 +1,7 @@
 """The act family's part of a sweep's results page (records only)."""
 
 from moebench.core.text import num
+from moebench.report.ties import TIE_NOTE, fastest, fastest_text
 
 # The seed's decode shape: 256 tokens x top-8 = 2048 live rows.
 _DECODE_LIVE_ROWS = 2048
@@ -10,8 +11,6 @@ _SEED_CAP = 8192
 def markdown_sections(records) -> str:
     """Which geometry wins at each shape, and whether the seed's claim (cap 8192 beats the legacy
     min(M, 512) grid at decode) holds on the device these records were timed on."""
-    from moebench.report.ties import TIE_NOTE, fastest, fastest_text
-
     timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
     if not timed:
         return "## Which grid wins\n\nNo timings in this run (correctness only), so no verdict on the grid."

@@ -8,6 +8,7 @@ from typing import Any
 
 from moebench.analysis.ab import Arm, ab_stats, separation_cell
 from moebench.core.text import md_table, num, varying
+from moebench.report.ties import TIE_NOTE, fastest, full_labels, half_width
 
 # The keys a case varies that are not the configuration under test: what tells shapes apart.
 _SHAPE = ("tokens", "buffer_tokens", "local_experts", "op", "hidden", "ffn", "topk")
@@ -24,8 +25,6 @@ def markdown_sections(records) -> str:
     if not timed:
         return ("## In the layer\n\nNo timings in this run (correctness only): nothing to say about what a kernel "
                 "change is worth in the step.")
-    from moebench.report.ties import full_labels
-
     keys = [k for k in varying([r.params for r in timed], list(timed[0].params))
             if k in _SHAPE + ("layers", "scope")] or ["tokens", "buffer_tokens"]
     shapes: dict[tuple, list] = {}
@@ -36,8 +35,6 @@ def markdown_sections(records) -> str:
            "alone), µs per launch. Δ is against the spec's baseline launch at the same shape; per step = Δ × "
            "moe_layers / layers per launch. Floor = the local experts' weights of every layer at the DRAM copy "
            "ceiling (they do not fit in L2).", ""]
-    from moebench.report.ties import TIE_NOTE, fastest
-
     names = dict(zip(map(id, timed), full_labels(timed, [k for k in timed[0].params if k not in keys])))
     tie = False
     for key, rs in shapes.items():
@@ -59,8 +56,6 @@ def markdown_sections(records) -> str:
 
 
 def _pm(r) -> str:
-    from moebench.report.ties import half_width
-
     return f"{half_width(r):.2f}" if r.timing.get("rel_noise") is not None else "—"
 
 

@@ -1,7 +1,7 @@
 """Issue 23's probes time a graph the same simple way (no groups, no stop rule, no placements of
 moebench's timer): capture `launches` launches of `fns` (moebench.core.timing.capture), 3 replays to
 warm, then `replays` replays each between two CUDA events; the median per launch in µs, 4 decimals.
-Used by scripts/placement_probe.py, code_probe.py and code_probe2.py."""
+Used by scripts/study/placement_probe.py, code_probe.py and code_probe2.py."""
 
 from __future__ import annotations
 

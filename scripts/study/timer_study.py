@@ -4,7 +4,7 @@ Two back-to-back count-block runs on an H200 differed by 12% at one case (persis
 BLOCK_SIZE 512, capacity 16384: 3.73 vs 3.33 µs) while each run claimed a half-width under 0.5%.
 One run of this script says why and which timing method fixes it.
 
-    python3 scripts/timer_study.py cause OUT [--processes 4]
+    python3 scripts/study/timer_study.py cause OUT [--processes 4]
         Part A, the cause, on that case. In this process:
         A1 placements as the session makes them (consecutive build_inputs in torch's caching
            allocator), each timed alone, with their buffers' addresses and 2 MiB pages;
@@ -16,16 +16,16 @@ One run of this script says why and which timing method fixes it.
         and in --processes fresh processes each: the current method's estimate (8 consecutive sets
         in one graph) and the spread of 16 private placements (what a new process draws).
         It ends with what averaging n independent placements would leave between two runs.
-    python3 scripts/timer_study.py strata OUT
+    python3 scripts/study/timer_study.py strata OUT
         Part C, the address law: the counters alone moved over 16 steps of 4 KiB in each of 16
         fresh 2 MiB segments, each placement timed alone (what timing.placement_strata relies on).
-    python3 scripts/timer_study.py methods OUT --ceilings DEVICE.json [--runs 5] [--deadline S]
+    python3 scripts/study/timer_study.py methods OUT --ceilings DEVICE.json [--runs 5] [--deadline S]
         Part B, the remedy: RUNS fresh processes, one after the other, each running `sweep
         count-block` and `sweep act-grid` (the CLI's own code, in process) under every candidate
         timing method (timing settings, see METHODS); then per method and sweep the spread of every
         case across the runs and whether the stated intervals cover the reruns, and which method to
         make the default. The per-method runs land in OUT/methods/METHOD/runR/<device>/.
-    python3 scripts/timer_study.py report OUT
+    python3 scripts/study/timer_study.py report OUT
         OUT/study.md again from OUT/*.json.
 """
 
@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 # The outlier: count-block's persistent kernel at 1024 tokens, BLOCK_SIZE 512 (capacity 16384).
@@ -323,7 +323,8 @@ def methods_child(out: Path, r: int, ceilings: Path, chosen: dict[str, str]) -> 
 
 
 def analyse_methods(out: Path, chosen: dict[str, str], runs: int, durations: list[float]) -> dict:
-    from moebench.analysis.timer_report import spread_stats
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from timer_report import spread_stats
 
     res = {"methods": chosen, "runs": runs, "run_s": durations, "results": {}}
     for name in chosen:
@@ -349,7 +350,7 @@ def analyse_methods(out: Path, chosen: dict[str, str], runs: int, durations: lis
 
 
 def report(out: Path) -> str:
-    lines = ["## Run-to-run: the study (scripts/timer_study.py)", ""]
+    lines = ["## Run-to-run: the study (scripts/study/timer_study.py)", ""]
     c = json.loads((out / "cause.json").read_text()) if (out / "cause.json").exists() else None
     if c:
         def pop(p):

@@ -7,7 +7,7 @@ with NVIDIA's nvbench (batch and cold), graph-replay time against the profiler's
 with whether each run's stated 95% interval covers the others. Other pages (the timer study, the
 wall-time profile) can be appended.
 
-    python -m moebench.analysis.timer_report RUN1 RUN2 [RUN3 ...] --sweeps count-block,act-grid \\
+    python3 scripts/timer_report.py RUN1 RUN2 [RUN3 ...] --sweeps count-block,act-grid \\
         -o results/h200/TIMER.md [--append study.md wall.md]
 """
 
@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import Sequence
 
-from moebench.analysis import varying_keys
-from moebench.core.records import Record, load_results
-from moebench.core.stats import median
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout's moebench, run from anywhere
+
+from moebench.analysis import varying_keys  # noqa: E402
+from moebench.core.records import Record, load_results  # noqa: E402
+from moebench.core.stats import median  # noqa: E402
 
 SPREAD_TARGET_PCT = 3.0  # issue 16: back-to-back runs within 3% on every case
 
@@ -199,4 +203,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

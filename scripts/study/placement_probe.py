@@ -16,7 +16,7 @@ segment; held until the process ends):
              M + 2 MiB apart in allocation order)
 
 Writes one JSON per process: per style, per placement: median us, the counters' address.
-Usage: python scripts/placement_probe.py OUT.json [--tokens 4096 --block 512 --n 48]
+Usage: python scripts/study/placement_probe.py OUT.json [--tokens 4096 --block 512 --n 48]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ One input set of one count case, held at one placement; the kernel's compiled bi
 again `--loads` times (each load puts the code at another address, as a fresh process does);
 a graph captured with each load's function handle and timed. If the per-load times spread like
 fresh processes do, the code's placement is what differs between processes.
-Usage: python scripts/code_probe.py OUT.json [--cases 4096:512,1024:512 --loads 24]"""
+Usage: python scripts/study/code_probe.py OUT.json [--cases 4096:512,1024:512 --loads 24]"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:

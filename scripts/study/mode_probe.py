@@ -5,7 +5,7 @@ logs, per placement, the lowest device address of its tensors, the thread that m
 repetitions of one process agree while processes differ, the factor is set once per process; if they
 differ as much as processes do, each build draws it anew and a run can sample it.
 
-    python scripts/mode_probe.py OUT.json [--sweep count-block] [--reps 3]
+    python scripts/study/mode_probe.py OUT.json [--sweep count-block] [--reps 3]
 
 A study script: it wraps moebench's Placements and Timer to log, and changes nothing they do."""
 
@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:

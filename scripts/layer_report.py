@@ -12,8 +12,8 @@ and writes the section: per change, the kernel sweep's saving, the saving of the
 the layer's shape, in one layer step, their ratio (the conversion), and the 48-layer graph's saving
 against 48 x the isolated one; then the fastest configurations in the step.
 
-    python -m moebench.report.layer_report results/h200 --kernel-dir results/h200 -o layer-report.md
-    python -m moebench.report.layer_report best-cap results/h200/layer.json    # prints the best cap
+    python3 scripts/layer_report.py results/h200 --kernel-dir results/h200 -o layer-report.md
+    python3 scripts/layer_report.py best-cap results/h200/layer.json    # prints the best cap
 
 Pure Python over results files: no torch.
 """
@@ -24,11 +24,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from moebench.analysis.ab import separation_cell
-from moebench.core.records import atomic_write_text, load_results
-from moebench.report.ties import TIE_NOTE, fastest, fastest_text, full_labels
-from moebench.core.text import md_table, num
-from moebench.report.sections.layer import SEPARATION_LEGEND, conversions
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the checkout's moebench, run from anywhere
+
+from moebench.analysis.ab import separation_cell  # noqa: E402
+from moebench.core.records import load_results  # noqa: E402
+from moebench.core.store import atomic_write_text  # noqa: E402
+from moebench.report.ties import TIE_NOTE, fastest, fastest_text, full_labels  # noqa: E402
+from moebench.core.text import md_table, num  # noqa: E402
+from moebench.report.sections.layer import SEPARATION_LEGEND, conversions  # noqa: E402
 
 HEADING = "## Which microbenchmark wins survive in a layer"
 # The decode shape the seeds argue from (256 live tokens in a 256-token graph), with the count at
@@ -218,20 +222,6 @@ def section(directory: Path, kernel_dir: Path | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def splice(report: str, text: str) -> str:
-    """`report` with its section under HEADING replaced by `text` (up to the next `## `), or with
-    `text` put before "## What was not measured", or at the end."""
-    lines = report.splitlines(keepends=True)
-    start = next((i for i, l in enumerate(lines) if l.strip() == HEADING), None)
-    if start is not None:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        return "".join(lines[:start]) + text + ("\n" if end < len(lines) else "") + "".join(lines[end:])
-    at = next((i for i, l in enumerate(lines) if l.startswith("## What was not measured")), None)
-    if at is None:
-        return report.rstrip("\n") + "\n\n" + text
-    return "".join(lines[:at]) + text + "\n" + "".join(lines[at:])
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["best-cap"]:
@@ -245,15 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("directory", type=Path, help="OUT/<device>/ with the layer results files")
     ap.add_argument("--kernel-dir", type=Path, help="where count-block-ab.json (the kernel sweep's A/B) is")
     ap.add_argument("-o", "--out", type=Path, help="write the section here (default: print it)")
-    ap.add_argument("--into", type=Path, help="also put the section into this REPORT.md (replacing an older one)")
     a = ap.parse_args(argv)
     text = section(a.directory, a.kernel_dir)
     if a.out:
         atomic_write_text(a.out, text)
     else:
         print(text, end="")
-    if a.into:
-        atomic_write_text(a.into, splice(a.into.read_text() if a.into.is_file() else "", text))
     return 0
 
 

@@ -1,10 +1,10 @@
-"""moebench.core.runinfo: the provenance a run adds before its first case and after its last, which
-the CLI hands to records.provenance without building any of it itself."""
+"""moebench.core.provenance: the provenance a run adds before its first case and after its last, which
+the CLI hands to moebench.core.provenance.provenance without building any of it itself."""
 
 from types import SimpleNamespace
 
 from moebench.core.cases import expand
-from moebench.core.runinfo import run_extra, summary_fields
+from moebench.core.provenance import run_extra, summary_fields
 from moebench.core.spec import load_spec
 
 

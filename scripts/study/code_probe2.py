@@ -2,7 +2,7 @@
 with (a) fresh data placements and the process's own code, (b) the same data and the kernel's
 binary loaded again, `--spread` discarded loads apart (so each timed load sits further along
 the driver's code memory). Prints the per-graph levels.
-Usage: python scripts/code_probe2.py OUT.json [--case 4096:512 --loads 12 --spread 64]"""
+Usage: python scripts/study/code_probe2.py OUT.json [--case 4096:512 --loads 12 --spread 64]"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:
