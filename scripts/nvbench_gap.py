@@ -1,6 +1,6 @@
 """Issue 23 item 3: moebench's graph-replay time against nvbench's on the very same graphs.
 
-Kernels: the spin kernel of known duration (moebench.core.spin: one warp spins a given number of
+Kernels: the spin kernel of known duration (tests/gpu/spin.py: one warp spins a given number of
 SM cycles; its duration is cycles / the measured cycle rate) at ~2 and ~14 µs, and single-placement
 count cases (16384 tokens at BLOCK 64 and 512, where nvbench read 1.3-2.7% above moebench, and
 1024 / 512, 256 / 128). Each graph (`--launches` launches of one closure) is timed by:
@@ -29,7 +29,8 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from moebench.core import spin
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+    import spin
     from moebench.core.timing import NvbenchItem, capture, dobench_cudagraph_us, nvbench_graphs, time_graph
     from moebench.families.count import kernels as K
 

@@ -58,18 +58,6 @@ def parse_formats(text: str, option: str = "--format") -> tuple[str, ...]:
     return check_formats(text, option)
 
 
-def parse_cross(text: str | None) -> tuple[str, ...]:
-    from moebench.core.passes import PASSES
-
-    if not text:
-        return ()
-    cs = tuple(c.strip() for c in text.split(",") if c.strip())
-    for c in cs:
-        if c not in PASSES:
-            raise UsageError(f"--cross-check: unknown check {c!r}; choose from {', '.join(PASSES)}")
-    return cs
-
-
 def interpreter_wanted(interpret: bool) -> bool:
     """Whether kernels run under the interpreter: --interpret, TRITON_INTERPRET=1, or no CUDA."""
     from moebench.core.device import want_interpreter

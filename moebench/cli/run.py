@@ -5,7 +5,7 @@ only parses, writes files and renders."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -13,8 +13,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_cross,
-                                 parse_formats, print_failures, print_pivots, raise_pending, select_backend,
+from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_formats,
+                                 print_failures, print_pivots, raise_pending, select_backend,
                                  sigterm_as_interrupt, use_sources)
 from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
 
@@ -95,19 +95,19 @@ class Where:
     untimed: bool = False  # timings were asked for, but there is no CUDA device
     isolate: bool = False  # the cases run in a child process (moebench.parallel.workers.isolated)
     noise: object = None  # the noise model chosen for a run asked to time (moebench.core.noise.NoiseChoice)
+    passes: list = field(default_factory=list)  # the --cross-check passes, checked (moebench.core.passes.select)
 
 
 def where(p: Plan, *, interpret: bool, formats: str, cross_check: str | None, time_it: bool,
           devices: str | None, case_limit: float, isolate: bool) -> Where:
     """Check every option against the device the run gets (exit 2 before anything runs)."""
     from moebench.core.device import host_device
-    from moebench.core.passes import check_cross_checks, select
+    from moebench.core.passes import select
 
     fmts = parse_formats(formats)
-    cross = parse_cross(cross_check)
+    cross = tuple(c.strip() for c in (cross_check or "").split(",") if c.strip())  # checked by select below
     if not 0 <= case_limit <= CASE_LIMIT_MAX_S:
         raise UsageError(f"--case-limit: expected seconds from 0 (no limit) to {CASE_LIMIT_MAX_S:g}, got {case_limit:g}")
-    check_cross_checks(cross)
     spec, host_only = p.spec, p.spec.family.host_only
     device = host_device() if host_only else select_backend(interpret)
     time_it = time_it and not host_only
@@ -122,7 +122,7 @@ def where(p: Plan, *, interpret: bool, formats: str, cross_check: str | None, ti
         gpus = parse_devices(devices)
     if isolate and host_only:
         raise UsageError(f"--isolate: family {spec.family.name!r} is host-only (it runs no kernel); drop --isolate")
-    select(cross, backend=device.backend, timed=timed, workers=bool(gpus) or isolate)  # one that cannot run: exit 2
+    passes = select(cross, backend=device.backend, timed=timed, workers=bool(gpus) or isolate)  # cannot run: exit 2
     environ = dict(os.environ)  # the run's environment, handed down; read once
     chosen = None
     if time_it:  # the measured run-to-run term (moebench.core.noise); a malformed model: exit 2 here
@@ -131,7 +131,8 @@ def where(p: Plan, *, interpret: bool, formats: str, cross_check: str | None, ti
         chosen = apply_noise(spec, device)
         if timed and chosen.note:
             err.print(f"note: noise model: {chosen.note}", markup=False, highlight=False, soft_wrap=True)
-    return Where(device, timed, tuple(cross), tuple(fmts), gpus, environ, time_it and not timed, isolate, chosen)
+    return Where(device, timed, tuple(cross), tuple(fmts), gpus, environ, time_it and not timed, isolate, chosen,
+                 passes)
 
 
 def execute(p: Plan, *, out_dir: Path, interpret: bool, formats: str, resume: bool, force: bool,
@@ -194,7 +195,7 @@ def run_locked(p: Plan, w: Where, out_dir: Path, dest: Path, stem: str, *, resum
                    traceback=STATE["verbose"], case_limit_s=case_limit or None)
     workers, fallback = run_workers(p, w, opts)
     events = run_sweep(spec, p.cases, opts, w.device, done=done, workers=workers, environ=w.environ,
-                       fallback=fallback)  # made lazily
+                       fallback=fallback, passes=w.passes)  # made lazily
     summary = drive(p, events, writer, len(p.cases) - len(done))
     records = summary.records
     prov.update(summary_fields(summary))

@@ -25,15 +25,12 @@ from pathlib import Path
 import triton
 import triton.language as tl
 
+from moebench.core.text import one_line
+
 
 @triton.jit
 def _moebench_counters_mark(out_ptr):  # (1,) int32; grid = (case index + 1,)
     tl.store(out_ptr, tl.program_id(0))
-
-
-def _one_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {(s[0] if s else repr(e))[:240]}"
 
 
 def run(job: dict) -> list[dict]:
@@ -97,7 +94,7 @@ def run(job: dict) -> list[dict]:
                     torch.cuda.profiler.stop()
             del built
         except Exception as e:  # noqa: BLE001 - one case's failure is written down; the others go on
-            entry["error"] = _one_line(e)
+            entry["error"] = f"{type(e).__name__}: {one_line(e)}"
             if os.environ.get("MOEBENCH_COUNTERS_TRACE"):
                 entry["traceback"] = traceback.format_exc()
         entries.append(entry)

@@ -25,13 +25,13 @@ What the driver owns:
   which the CLI hands in), the rest of the run goes on in fresh child processes, and no after-all
   pass runs here. `--isolate` runs every case in a child from the start (the CLI's `workers`).
 
-Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py (or a module imported
-before the run), subclass `Pass`, give it a `name` (what `--cross-check` takes), its `columns`, where
-it can run (`cuda_only`, `in_workers`, `keeps_graphs`, `keeps_cases`) and an `announce` line, and
-implement `after_case(ctx: CaseDone)` (per case, right after its timing, or its checks when
-untimed: the case, its record, group 0's closures, kept graphs) and/or `after_all(ctx: AfterAll)` (after every case: the spec, device,
-options, every case and record; it may add fields to the records, e.g. `rec.work["counters"] =
-{...}` or entries of `rec.cross`). Decorate the class with `@register`. A pass that re-runs cases in
+Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py, or a plugin file
+(--plugin), subclass `Pass`, give it a `name` (what `--cross-check` takes), where it can run
+(`cuda_only`, `in_workers`, `keeps_graphs`, `keeps_cases`) and an `announce` line, and implement
+`after_case(ctx: CaseDone)` (per case, right after its timing, or its checks when untimed: the
+case, its record, group 0's closures, kept graphs) and/or `after_all(ctx: AfterAll)` (after every
+case: the spec, device, options, environment, every case and record; it may add fields to the
+records, e.g. `rec.work["counters"] = {...}` or entries of `rec.cross`). Decorate the class with `@register`. A pass that re-runs cases in
 a child process (Nsight Compute) needs only `after_all`, keeps nothing per case, and so also runs
 after `--devices` workers, here in the driver's process. `after_all` hooks run in registration order.
 """
@@ -257,7 +257,9 @@ class Driver:
 
 def run_sweep(spec: Spec, cases: Sequence[Case], options: Options, device: DeviceInfo, *,
               done: Mapping[str, Record] | None = None, workers: Workers | None = None,
-              environ: Mapping[str, str] | None = None, fallback: Workers | None = None) -> Iterator[Event]:
-    """Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback).run(cases,
-    done=done), made when the first event is asked for."""
-    yield from Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback).run(cases, done=done)
+              environ: Mapping[str, str] | None = None, fallback: Workers | None = None,
+              passes: Sequence[Pass] | None = None) -> Iterator[Event]:
+    """Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback,
+    passes=passes).run(cases, done=done), made when the first event is asked for."""
+    yield from Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback,
+                      passes=passes).run(cases, done=done)

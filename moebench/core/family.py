@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from moebench.core.text import show
+from moebench.core.text import one_line, show
 
 REQUIRED = object()
 
@@ -195,6 +195,7 @@ class FamilySpec:
         self.origin = origin
         # the module with the kernels, reference, inputs and variants: a built-in family's
         # kernels.py, or a plugin's own module
+        self.package = package
         self.kernels = f"{package}.kernels" if package else kernels
         self.variants: dict[str, VariantSpec] = {}
         if package:
@@ -222,17 +223,21 @@ class FamilySpec:
         what its floors are read against); without one the family's `work` stands for it."""
         from moebench.sources.plugins import current_source
 
-        source = source or current_source() or "builtin"
+        given = source
         if work is not None and not callable(work):
             raise TypeError(f"variant {name!r} of {self.name!r}: work= must be a function work(params, geometry, "
                             f"device) -> dict, got {show(work)}")
-        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source, tuple(twins), work=work)
+        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source or "builtin", tuple(twins), work=work)
         for p in declared.launch_params:
             if p not in self.params or self.params[p].role != "launch":
                 raise ValueError(f"variant {name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
                                  f"family ({', '.join(self.launch_params) or 'none'})")
 
         def register(fn: Callable) -> Callable:
+            # a built-in family's own kernels module is built in, even when a plugin being loaded
+            # is what imported it
+            if given is None and not (self.package and getattr(fn, "__module__", None) == self.kernels):
+                declared.source = current_source() or "builtin"
             problem = self.builder_problem(fn)
             if problem:
                 raise TypeError(f"variant {name!r} of {self.name!r}: {problem}")
@@ -244,7 +249,7 @@ class FamilySpec:
                 have.builder = fn
             elif have is not None and have.builder is not fn:
                 raise ValueError(f"variant {name!r} of family {self.name!r} is registered twice "
-                                 f"({have.source} and {source}); give the new one another name")
+                                 f"({have.source} and {declared.source}); give the new one another name")
             elif have is not None:
                 return fn
             else:
@@ -501,9 +506,6 @@ class Built:
     output: Any  # torch.Tensor checked after a launch
     reset: Callable[[], None]
     geometry: dict[str, Any] = field(default_factory=dict)
-    # not read: which launches compiled is asked of Triton (moebench.core.tritonpatch); kept so a
-    # builder that still passes one loads
-    compile_key: tuple = ()
     # where geometry values the builder resolved itself came from (a launch built out of another
     # family's variant records that variant's kill switches here); merged into the record
     launch_from: dict[str, Any] = field(default_factory=dict)
@@ -544,7 +546,7 @@ def catalogue() -> dict[str, FamilySpec]:
             try:
                 fam = importlib.import_module(f"{FAMILIES_PACKAGE}.{name}").FAMILY
             except Exception as e:  # noqa: BLE001 - a broken family breaks only itself
-                _BROKEN[name] = _one_line(e, _FAMILIES_DIR / name)
+                _BROKEN[name] = _load_error(e, _FAMILIES_DIR / name)
                 continue
             _CATALOGUE[fam.name] = fam
         from moebench.sources.plugins import load_installed
@@ -560,7 +562,7 @@ def broken() -> dict[str, str]:
     return dict(_BROKEN)
 
 
-def _one_line(e: BaseException, folder: Path) -> str:
+def _load_error(e: BaseException, folder: Path) -> str:
     """An error from importing a family's package as one line, naming the file and line in that
     family's folder (or the deepest line in moebench) where it went wrong."""
     import traceback
@@ -573,8 +575,7 @@ def _one_line(e: BaseException, folder: Path) -> str:
     mine = [f for f in frames if Path(f.filename).is_relative_to(folder)] or \
         [f for f in frames if Path(f.filename).is_relative_to(_FAMILIES_DIR)] or frames
     where = f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
-    text = (str(e).strip().splitlines() or [""])[0]
-    return f"{where}{type(e).__name__}: {text}"
+    return f"{where}{type(e).__name__}: {one_line(e)}"
 
 
 def get_family(name: str) -> FamilySpec:

@@ -43,6 +43,7 @@ from moebench.core.passes import CaseDone, Pass
 from moebench.core.placements import Placements, Timer, floors, occupancy
 from moebench.core.records import Record
 from moebench.core.spec import Spec, Timing
+from moebench.core.text import one_line
 from moebench.errors import Unavailable
 from moebench.core.family import Check
 
@@ -224,11 +225,11 @@ class CasePipeline:
                 rec.error += "\n" + traceback.format_exc()
         except Exception as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
             rec.status = "error"
-            rec.error = f"{type(e).__name__}: {_one_line(e)}"
+            rec.error = f"{type(e).__name__}: {one_line(e)}"
             while e is not None and not isinstance(e, CaseTimeLimit):  # the interpreter wraps what it met
                 e = e.__cause__ or e.__context__
             if e is not None:
-                rec.error = f"{type(e).__name__}: {_one_line(e)}"
+                rec.error = f"{type(e).__name__}: {one_line(e)}"
             if self.opts.traceback:
                 rec.error += "\n" + traceback.format_exc()
         return rec
@@ -569,11 +570,6 @@ class _Pristine:
             what.append(f"changed its input{'s' if len(inputs) > 1 else ''} {', '.join(inputs)} (a launch may write "
                         "only its output; restored for the other variants)")
         return "; ".join(what)
-
-
-def _one_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return (s[0] if s else repr(e))[:300]
 
 
 def shape_major(cases: list[Case], shape_params: tuple[str, ...]) -> list[Case]:

@@ -81,3 +81,10 @@ def slugify(name: str) -> str:
     s = re.sub(r"^nvidia\s+", "", s)
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
     return s or "device"
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message as one line for a record or a message: its first line (its repr when
+    it has no message), at most `limit` characters."""
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else repr(e))[:limit]

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from moebench.core.text import one_line
+
 Launch = Callable[[], None]
 # capture(fresh=True) runs a full garbage collection only when the allocator holds more than this
 # share of the device's memory
@@ -262,8 +264,7 @@ def nvbench_unavailable() -> str | None:
 
         bench.State  # noqa: B018 - the attribute loads the native extension
     except Exception as e:  # noqa: BLE001 - any failure to load is the answer
-        text = str(e).strip().splitlines()
-        return f"{type(e).__name__}: {text[0] if text else ''}".strip().rstrip(":")
+        return f"{type(e).__name__}: {one_line(e)}"
     if _NVBENCH_RAN:
         return "cuda.bench already ran its benchmarks in this process (it runs them once per process)"
     return None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
+from moebench.core.text import one_line
 from moebench.errors import BackendError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -150,18 +151,14 @@ class _Worker:
 def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Sequence[str], interpret: bool, *,
                  opts: "Options", sweep: str | None = None, spec_sha256: str | None = None,
                  labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
-                 environ: Mapping[str, str] | None = None, respawn: bool = False,
-                 _die_on: Mapping[str, int | str] | None = None) -> Iterator["Record"]:
+                 environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator["Record"]:
     """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
 
     One spawned process per key: a CUDA_VISIBLE_DEVICES value (interpret=False) or just a name
     (interpret=True: the kernels run under TRITON_INTERPRET=1, device info from detect(True)).
     Each worker has its own pipe to this process and asks for work over it, so the parent always
     knows which case a worker holds, and a worker killed at any moment cannot leave a shared queue
-    locked for the others. `_die_on` is for tests: case id -> exit code makes the worker that draws
-    that case exit with that code (a negative code: killed by that signal) instead of running it;
-    case id -> text makes it record that error instead (a CUDA error text: it leaves, as on a GPU);
-    case id -> seconds (a float) makes it hang that long first, deaf to the case's own alarm.
+    locked for the others.
     `passes`: pass instances whose per-case hooks run in every worker (pickled: module-level
     classes); `environ`: the run's environment (kill switches), None: this process's.
     `respawn` (--isolate): a worker that died holding a case, was killed past the case limit or left
@@ -229,8 +226,7 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
     def start(key: str, label: str) -> None:
         parent_end, child_end = ctx.Pipe(duplex=True)
         p = ctx.Process(target=_worker_main, name=f"moebench-{label.replace(' ', '')}", daemon=True,
-                        args=(str(key), interpret, str(spec_path), spec_sha256, payload, child_end,
-                              dict(_die_on or {})))
+                        args=(str(key), interpret, str(spec_path), spec_sha256, payload, child_end))
         p.start()
         child_end.close()
         workers.append(_Worker(label, p, parent_end, key=str(key)))
@@ -358,8 +354,7 @@ def _shut_down(workers: Iterable[_Worker]) -> None:
         w.gone = True
 
 
-def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, payload: bytes, conn,
-                 die_on: dict[str, int | str]) -> None:
+def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, payload: bytes, conn) -> None:
     """One worker: pin the device, then run the cases the parent hands over until it says stop."""
     # First, before anything imports torch: the device this process may see, or the interpreter.
     if interpret:
@@ -368,17 +363,17 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         os.environ["CUDA_VISIBLE_DEVICES"] = key
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the workers
     try:
-        cases, opts, passes, environ = pickle.loads(payload)
         from moebench.core.device import detect
         from moebench.core.driver import Driver, poisons_context
-        from moebench.core.records import Record
+        from moebench.core.family import catalogue
         from moebench.core.spec import load_spec
-        from moebench.families import catalogue
 
-        # the parent's plugin files ($MOEBENCH_PLUGINS) first: a spec's plugins: naming one of them
-        # then finds it loaded (loading the spec first would load it again from inside itself, when
-        # it asks for its family and the catalogue loads $MOEBENCH_PLUGINS)
+        # the parent's plugin files ($MOEBENCH_PLUGINS) first: the passes and variants they register
+        # are unpickled below, and a spec's plugins: naming one of them then finds it loaded
+        # (loading the spec first would load it again from inside itself, when it asks for its
+        # family and the catalogue loads $MOEBENCH_PLUGINS)
         catalogue()
+        cases, opts, passes, environ = pickle.loads(payload)
         spec = load_spec(spec_path)
         if spec_sha256 and spec.sha256 != spec_sha256:
             raise UsageError(f"{spec_path} changed since the sweep started (sha256 {spec.sha256[:12]}, "
@@ -392,7 +387,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         by_id = {c.id: c for c in cases}
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which goes on without us
         try:
-            conn.send(("fatal", f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
+            conn.send(("fatal", f"{type(e).__name__}: {one_line(e)}"))
         finally:
             conn.close()
         sys.exit(1)
@@ -404,19 +399,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
             return
         if cid is None:
             break
-        hook = die_on.get(cid)
-        if isinstance(hook, float):  # test hook: hang this long where the case's own alarm cannot stop it
-            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
-            time.sleep(hook)
-        if isinstance(hook, int):  # test hook: die holding this case
-            if hook < 0:
-                os.kill(os.getpid(), -hook)
-            os._exit(hook)
-        if isinstance(hook, str):  # test hook: this case failed with this error
-            c = by_id[cid]
-            rec = Record(spec.name, c.family, c.id, c.variant, c.label, "error", error=hook, params=dict(c.params))
-        else:
-            rec = driver.run_case(by_id[cid])  # its graphs and placement copies go when it returns
+        rec = driver.run_case(by_id[cid])  # its graphs and placement copies go when it returns
         leaving = None
         if poisons_context(rec):
             leaving = f"{rec.error.splitlines()[0]} (sticky: every later launch in this process would fail)"

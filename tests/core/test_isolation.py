@@ -329,24 +329,40 @@ def test_after_a_cuda_error_that_poisons_the_context_the_rest_runs_in_a_fresh_pr
     assert got["persistent"][0]["timing"]["worker"] == "CPU (isolated)"
 
 
-def test_the_watchdog_kills_a_child_deaf_to_the_case_limit(monkeypatch):
+DEAF_PLUGIN = BAD_PLUGIN + '''
+
+@COUNT.variant("deaf", doc="hangs with SIGALRM blocked: the case's own alarm cannot stop it")
+def build_deaf(inp, params, device):
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+    time.sleep(600)
+'''
+
+
+def test_the_watchdog_kills_a_child_deaf_to_the_case_limit(tmp_path, monkeypatch):
     """A hang the child's own alarm cannot stop (C code, a blocked signal): the parent kills the child
     past the limit, records the case, and a fresh child runs the rest."""
+    from clirun import load_plugin
     from moebench.core.cases import expand
     from moebench.core.pipeline import Options
     from moebench.core.spec import load_spec
     from moebench.parallel import workers
 
-    spec = load_spec("count-block")
-    cases = expand(spec, quick=True)[:3]
+    load_plugin(monkeypatch, tmp_path / "deaf.py", "import time\n" + DEAF_PLUGIN)
+    spec_path = count_spec(tmp_path, "deaf", ["persistent", "deaf"], tokens=(0, 30))
+    spec_path.write_text(spec_path.read_text().replace("plugins: [bad.py]\n", ""))
+    spec = load_spec(str(spec_path))
+    cases = [c for c in expand(spec) if c.variant == "deaf" or c.params["tokens"] == 30][:3]
     monkeypatch.setattr(workers, "WATCHDOG_GRACE_S", 0.5)
     opts = Options(timing=spec.timing, time_it=False, case_limit_s=1.0)
-    recs = list(workers._run_workers(spec.path, cases, ["iso"], True, opts=opts, respawn=True,
-                                     _die_on={cases[1].id: 600.0}))
+    recs = list(workers._run_workers(spec.path, cases, ["iso"], True, opts=opts, respawn=True))
     got = {r.case_id: r for r in recs}
     assert sorted(got) == sorted(c.id for c in cases)
-    assert got[cases[1].id].status == "error" and got[cases[1].id].error.startswith("CaseTimeLimit")
-    assert got[cases[0].id].status == got[cases[2].id].status == "ok"
+    for c in cases:
+        if c.variant == "deaf":
+            assert got[c.id].status == "error" and got[c.id].error.startswith("CaseTimeLimit")
+        else:
+            assert got[c.id].status == "ok"
+    assert sum(c.variant == "deaf" for c in cases) == 2 and len(cases) == 3
 
 
 FAR_STORE_PLUGIN = BAD_PLUGIN + '''

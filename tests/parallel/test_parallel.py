@@ -4,6 +4,7 @@ them dying), and `moebench merge` of shard files from real sweeps."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -259,31 +260,86 @@ def test_two_workers_match_a_single_process_run(tiny):
     assert {r.timing["worker"] for r in recs} <= {"CPU w0", "CPU w1"}  # each record names its worker
 
 
-def test_a_dying_worker_costs_its_case_only(tiny):
-    spec, cases, opts, single = tiny
-    victim = cases[2].id
-    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, _die_on={victim: 3}))
+# Variants that crash their worker for one case (tokens 5, block 256) or raise the CUDA error that
+# poisons a context (tokens 0, block 64), and run the persistent kernel otherwise.
+CRASHING = """
+import os, signal
+
+from moebench.families import get_family
+
+COUNT = get_family("count")
+persistent = COUNT.builder("persistent")
+PARAMS = ("block_size", "num_warps", "grid")
+
+
+@COUNT.variant("dies", params=PARAMS, doc="kills its process at tokens 5, block 256")
+def build_dies(inp, params, device):
+    if params["tokens"] == 5 and params["block_size"] == 256:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return persistent(inp, params, device)
+
+
+@COUNT.variant("sticky", params=PARAMS, doc="an illegal memory access at tokens 0, block 64")
+def build_sticky(inp, params, device):
+    if params["tokens"] == 0 and params["block_size"] == 64:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    return persistent(inp, params, device)
+"""
+
+
+def _crashing(tmp_path, monkeypatch, variant):
+    """The tiny spec with the persistent kernel beside a CRASHING variant, its cases, and the
+    persistent record of each shape (what the crashing variant's other cases must equal)."""
+    from clirun import load_plugin
+    from moebench.core.spec import load_spec
+
+    load_plugin(monkeypatch, tmp_path / "crashing.py", CRASHING)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY.replace("[persistent, nonpersistent]", f"[persistent, {variant}]"))
+    spec = load_spec(str(path))
+    return spec, expand(spec), Options(timing=spec.timing, time_it=False)
+
+
+def _shape(r):
+    return tuple(sorted((k, v) for k, v in r.params.items()))
+
+
+def _like_persistent(recs, skip):
+    """Every record but `skip` ok, and the crashing variant's equal to the persistent kernel's."""
+    base = {_shape(r): r for r in recs if r.variant == "persistent"}
+    for r in recs:
+        if r.case_id != skip:
+            assert r.status == "ok" and r.checks["ref_check"] == "exact", r.error
+            b = base[_shape(r)]
+            assert (r.checks, r.launch, r.work) == (b.checks, b.launch, b.work)
+
+
+def test_a_dying_worker_costs_its_case_only(tmp_path, monkeypatch):
+    spec, cases, opts = _crashing(tmp_path, monkeypatch, "dies")
+    victim = next(c for c in cases if c.variant == "dies" and c.params["tokens"] == 5
+                  and c.params["block_size"] == 256).id
+    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts))
     assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
     dead = [r for r in recs if r.case_id == victim]
-    assert dead[0].status == "error" and dead[0].params == cases[2].params
-    assert dead[0].error in ("worker on CPU w0 died (exit code 3)", "worker on CPU w1 died (exit code 3)")
-    for r in recs:  # the survivor drained the rest of the queue
-        if r.case_id != victim:
-            assert r.status == "ok" and _same(r, single[r.case_id])
+    assert dead[0].status == "error" and dead[0].params == next(c.params for c in cases if c.id == victim)
+    assert dead[0].error in (f"worker on CPU w{i} died (exit code -9, SIGKILL)" for i in (0, 1))
+    _like_persistent(recs, victim)  # the survivor drained the rest of the queue
 
 
-def test_a_worker_leaves_after_a_sticky_cuda_error(tiny, capsys):
+def test_a_worker_leaves_after_a_sticky_cuda_error(tmp_path, monkeypatch, capsys):
     """After an illegal memory access every later launch in that process fails: the worker hands the
     record back and leaves, and the other worker runs the rest."""
-    spec, cases, opts, single = tiny
-    fault = "RuntimeError: CUDA error: an illegal memory access was encountered"
-    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, _die_on={cases[0].id: fault}))
+    spec, cases, opts = _crashing(tmp_path, monkeypatch, "sticky")
+    victim = next(c for c in cases if c.variant == "sticky" and c.params["tokens"] == 0
+                  and c.params["block_size"] == 64).id
+    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts))
     assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
     by = {r.case_id: r for r in recs}
-    assert by[cases[0].id].status == "error" and by[cases[0].id].error == fault
-    assert all(by[c.id].status == "ok" and _same(by[c.id], single[c.id]) for c in cases[1:])
+    fault = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert by[victim].status == "error" and by[victim].error.startswith(fault)
+    _like_persistent(recs, victim)
     err = capsys.readouterr().err
-    assert "left after 1 case: RuntimeError: CUDA error: an illegal memory access" in err
+    assert re.search(r"left after [0-9]+ cases?: RuntimeError: CUDA error: an illegal memory access", err)
 
 
 def test_closing_the_pool_stops_its_workers(tiny):
@@ -454,6 +510,7 @@ def test_passes_run_inside_two_workers_and_the_summary_lists_what_ran(tiny, monk
         assert r.cross["tally"] == len(cases) and r.cross["tally_here"] is False  # here, after the workers
     assert len({r.cross["echo_pid"] for r in recs}) <= 2
     cuda = type("Dev", (), {"backend": "cuda", "name": "fake"})()
+    monkeypatch.setattr(P.Nvbench, "unavailable", lambda self: None)  # as where cuda.bench is installed
     for name in ("nvbench", "profiler"):
         with pytest.raises(UsageError, match=f"--cross-check {name}: cannot run with --devices"):
             Driver(spec, cuda, Options(timing=spec.timing, time_it=True, cross=(name,)), workers=two_devices)
