@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+from moebench.core.family import switch_variables
+
 # ----------------------------------------------------------------------------------- metrics
 
 # Every one returned a value on the H200 with ncu 2025.3.1 (.probe/ncu.csv, tests/core/data/ncu.csv).
@@ -514,13 +516,16 @@ def why_unavailable(device, tool: CounterTool) -> str | None:
 
 
 def job_document(spec, cases: Sequence[Any], records: Sequence[Any], *, plugins: Sequence[str] = (),
-                 warm_replays: int, manifest: str) -> dict:
-    """The child's job, as data: the spec's path, the plugin files to load, and per case its id,
-    variant, label, parameters and the launch values its record ran with."""
+                 warm_replays: int, manifest: str, environ: Mapping[str, str] | None = None) -> dict:
+    """The child's job, as data: the spec's path, the plugin files to load, the run's kill-switch
+    variables (the child resolves with them, never with its own environment), and per case its
+    id, variant, label, parameters and the launch values its record ran with."""
     by_id = {r.case_id: r for r in records}
+    environ = environ or {}
     return {
         "spec": str(spec.path),
         "plugins": list(plugins),
+        "environ": {k: environ[k] for k in sorted(switch_variables()) if k in environ},
         "warm_replays": warm_replays,
         "manifest": manifest,
         "cases": [{"id": c.id, "variant": c.variant, "label": c.label, "params": dict(c.params),
@@ -563,7 +568,7 @@ def collect(spec, device, cases: Sequence[Any], records: Sequence[Any], *, l2: s
         job = Path(tmp) / "job.json"
         manifest = Path(tmp) / "manifest.json"
         doc = job_document(spec, run, todo, plugins=plugins, warm_replays=WARM_REPLAYS if l2 == "warm" else 0,
-                           manifest=str(manifest))
+                           manifest=str(manifest), environ=environ)
         job.write_text(json.dumps(doc, default=str))
         raw = Path(raw_dir) / spec.name if raw_dir else None
         if raw is not None:

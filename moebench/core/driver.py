@@ -187,7 +187,7 @@ class Driver:
                     yield Profiling(p.announce)
                 with pipe._phase(f"{p.name} pass"):
                     p.after_all(AfterAll(spec, self.device, self.opts, cases, records,
-                                         pipe if self.workers is None else None))
+                                         pipe if self.workers is None else None, dict(self.environ)))
                 p.release()
                 ran.append(p.name)
         except KeyboardInterrupt as e:

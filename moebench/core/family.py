@@ -302,6 +302,18 @@ class FamilySpec:
                               "builder for it")
         return v.builder
 
+    def build(self, variant: str, inputs: Any, params: dict, device: Any) -> "Built":
+        """The one way from a case to a launch: the variant's builder over `inputs` with the case's
+        resolved parameters (`resolve`). The case pipeline, the counters child and the layer's count
+        and act launches all build through here. A geometry key the pipeline reads that the builder
+        did not give is an error naming the key and the variant (Geometry)."""
+        built = self.builder(variant)(inputs, params, device)
+        if not isinstance(built, Built):
+            raise TypeError(f"variant {variant!r} of {self.name!r}: its builder returned {show(built)}, not a "
+                            "Built(launch, output, reset, geometry)")
+        built.geometry = Geometry(f"variant {variant!r} of {self.name!r}", built.geometry)
+        return built
+
     def resolve(self, variant: str, params: dict, device: Any, environ: Mapping[str, str],
                 origins: Mapping[str, str] | None = None) -> tuple[dict, dict]:
         """The parameters a variant's kernel runs with, and where each launch value came from.
@@ -514,6 +526,30 @@ class Built:
     inexact: str = ""
 
 
+class GeometryKeyError(KeyError):
+    """A geometry key a variant's Built does not give; the message names the key and the variant."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Geometry(dict):
+    """A Built's launch geometry. Reading a key the builder did not give (the family's work model
+    reads its grid, block size, warps) raises GeometryKeyError naming that key and the variant,
+    instead of a bare KeyError."""
+
+    def __init__(self, owner: str, items: Mapping[str, Any] | None = None):
+        super().__init__(items or {})
+        self.owner = owner
+
+    def __missing__(self, key: str):
+        raise GeometryKeyError(f"{self.owner}: its Built's geometry has no {key!r}, which the family's work model "
+                               f"reads (it gives {', '.join(map(str, self)) or 'none'})")
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
 @dataclass
 class Check:
     ok: bool
@@ -553,6 +589,12 @@ def catalogue() -> dict[str, FamilySpec]:
 
         _BROKEN.update(load_installed())
     return _CATALOGUE
+
+
+def switch_variables() -> set[str]:
+    """Every kill-switch variable a variant of a loaded family reads (MCORE_COUNT_TOKENS_BLOCK, ...):
+    a family that builds other families' variants (the layer) reads theirs too."""
+    return {var for fam in catalogue().values() for v in fam.variants.values() for var, _ in v.env.values()}
 
 
 def broken() -> dict[str, str]:

@@ -74,6 +74,7 @@ class AfterAll:
     cases: list
     records: list[Record]
     pipeline: Any = None  # the driver's CasePipeline (None when the cases ran in workers)
+    environ: dict = field(default_factory=dict)  # the run's environment (the kill switches), as the cases read it
 
 
 class Pass:
@@ -300,10 +301,9 @@ class Counters(Pass):
         from moebench.core.counters import collect
         from moebench.sources import plugins
 
-        environ = getattr(ctx.pipeline, "environ", None)
         try:
             collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
-                    environ=environ, plugins=[p["path"] for p in plugins.loaded()])
+                    environ=ctx.environ, plugins=[p["path"] for p in plugins.loaded()])
         except Exception as e:  # noqa: BLE001 - the timings stand; every record says what went wrong
             for rec in ctx.records:
                 if rec.status == "ok" and "verdict" not in rec.cross:

@@ -339,7 +339,7 @@ class CasePipeline:
         if key not in self._base:
             base = baseline_case(self.spec, case)
             params, _ = self.resolve(base)
-            built = self.fam.builder(base.variant)(inp, params, self.device)
+            built = self.fam.build(base.variant, inp, params, self.device)
             self._first_launch(built)
             self._base[key] = built.output.clone()
         return self._base[key]
@@ -348,8 +348,7 @@ class CasePipeline:
         """The launch closures of a case over its input sets (for a pass that profiles a case it did
         not see timed: a resumed one)."""
         params, _ = self.resolve(case)
-        builder = self.fam.builder(case.variant)
-        return [builder(s, params, self.device).launch for s in self.inputs(case)]
+        return [self.fam.build(case.variant, s, params, self.device).launch for s in self.inputs(case)]
 
     # ------------------------------------------------------------------ launching
 
@@ -381,7 +380,9 @@ class CasePipeline:
     # ------------------------------------------------------------------ one case
 
     def _kernel_case(self, case: Case, params: dict, rec: Record) -> None:
-        builder = self.fam.builder(case.variant)
+        def build(inputs):
+            return self.fam.build(case.variant, inputs, params, self.device)
+
         key = shape_key(case, self.fam.shape_params)
         with self._phase("inputs"):
             sets = self.inputs(case)
@@ -395,7 +396,7 @@ class CasePipeline:
             with self._phase("reference"):
                 expected = self.reference(case, inp)
         with self._phase("build closures"):
-            built = builder(inp, params, self.device)
+            built = build(inp)
         # after the build: a family's reference may read what its builder prepared (the layer's
         # activation-alone scope reads the FC1 output the step wrote)
         if self.fam.reference_after_build:
@@ -445,9 +446,9 @@ class CasePipeline:
             copies = self.placements.copies(case.params, sets)
         rotation = sets + [c for c, _ in copies]
         with self._phase("build closures"):
-            builts = [built] + [builder(s, params, self.device) for s in rotation[1:]]
+            builts = [built] + [build(s) for s in rotation[1:]]
         with self._phase("timing"):
-            self._time(case, rec, builts, lambda inp_: builder(inp_, params, self.device), rotation, copies)
+            self._time(case, rec, builts, build, rotation, copies)
         with self._phase("check"):
             damage = self._damage(pristine, built, key, (False, False))  # what the timed launches did
         if damage and rec.status == "ok":

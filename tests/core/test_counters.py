@@ -451,6 +451,31 @@ def test_the_child_runs_the_launch_values_its_record_ran(monkeypatch, tmp_path):
     assert "error" not in entry and seen == [1024]  # the shipped default would be 128
 
 
+def test_the_child_resolves_with_the_runs_environment_from_its_job(monkeypatch, tmp_path):
+    """The job carries the run's kill switches; the child's own environment is never read."""
+    from moebench.core.cases import expand
+    from moebench.core.counters_child import run
+
+    spec = _spec()
+    seen = []
+    real = type(spec.family).build
+
+    def build(self, variant, inputs, params, device):
+        seen.append(params["block_size"])
+        return real(self, variant, inputs, params, device)
+
+    monkeypatch.setattr(type(spec.family), "build", build)
+    monkeypatch.setenv("MCORE_COUNT_TOKENS_BLOCK", "256")  # the child's own: must not count
+    c = expand(spec, quick=True)[0]
+    rec = Record(spec.name, "count", "s", "shipped", "shipped", "ok", params=dict(c.params, block_size=None))
+    case = type(c)(c.family, "shipped", "shipped", dict(c.params, block_size=None), "s")
+    job = K.job_document(spec, [case], [rec], warm_replays=0, manifest=str(tmp_path / "m.json"),
+                         environ={"MCORE_COUNT_TOKENS_BLOCK": "512", "HOME": "/not/a/switch"})
+    assert job["environ"] == {"MCORE_COUNT_TOKENS_BLOCK": "512"}  # the switches only
+    (entry,) = run(json.loads(json.dumps(job)))
+    assert "error" not in entry and seen == [512]
+
+
 def test_an_ncu_without_print_units_is_run_again_without_it(fake_ncu, tmp_path):
     text = fake_ncu.path.read_text().replace(
         'job = json.load', 'if "--print-units" in args:\n    print("==ERROR== unrecognised option \'--print-units\'")\n'
