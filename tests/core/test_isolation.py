@@ -410,3 +410,31 @@ def test_isolate_on_a_host_only_family_is_one_line(tmp_path, capsys):
 
     code, _, err = run_cli(["sweep", "combine-lds", "--quick", "--isolate", "--out", str(tmp_path)], capsys)
     assert code == 2 and "--isolate: family 'combine' is host-only" in err and "Traceback" not in err
+
+
+def test_a_pass_a_plugin_registers_runs_under_isolate(tmp_path):
+    """--isolate: the child loads the plugin before it unpickles the passes, so the plugin's pass
+    runs there on every case and the provenance lists it (before: 'no worker started', exit 2)."""
+    (tmp_path / "stamp.py").write_text(textwrap.dedent("""\
+        import os
+
+        from moebench.core.passes import Pass, register
+
+
+        @register
+        class Stamp(Pass):
+            name = "stamp"
+            cuda_only = False
+
+            def after_case(self, ctx):
+                ctx.record.cross["stamp_pid"] = os.getpid()
+        """))
+    spec = count_spec(tmp_path, "stamped", ["persistent"])
+    r = moebench("sweep", spec, "--isolate", "--plugin", tmp_path / "stamp.py", "--cross-check", "stamp",
+                 "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(next(tmp_path.rglob("stamped.json")).read_text())
+    assert doc["provenance"]["cross_checks"] == ["stamp"]
+    recs = doc["records"]
+    assert recs and all(x["status"] == "ok" and x["timing"]["worker"] == "CPU (isolated)" for x in recs)
+    assert all(isinstance(x["cross"]["stamp_pid"], int) for x in recs)

@@ -515,3 +515,54 @@ def test_passes_run_inside_two_workers_and_the_summary_lists_what_ran(tiny, monk
         with pytest.raises(UsageError, match=f"--cross-check {name}: cannot run with --devices"):
             Driver(spec, cuda, Options(timing=spec.timing, time_it=True, cross=(name,)), workers=two_devices)
     assert sent == [["echo"]]  # refused: no worker was asked for
+
+
+# A pass registered by a plugin file (moebench.core.driver says how): per case, the process that
+# ran the case; after all of them, how many records there are.
+PLUGIN_PASS = """
+import os
+
+from moebench.core.passes import Pass, register
+
+
+@register
+class Stamp(Pass):
+    name = "stamp"
+    cuda_only = False
+
+    def after_case(self, ctx):
+        ctx.record.cross["stamp_pid"] = os.getpid()
+
+
+@register
+class Count(Pass):
+    name = "count-records"
+    cuda_only = False
+
+    def after_all(self, ctx):
+        for r in ctx.records:
+            r.cross["records"] = len(ctx.records)
+"""
+
+
+def test_a_pass_a_plugin_registers_runs_inside_two_workers(tiny, tmp_path, monkeypatch):
+    """--devices on the fake two-device setup: the workers load the plugin before they unpickle the
+    passes, so its per-case pass runs in each worker and its after-all pass here (before: every
+    worker failed to start, 'no worker started', exit 2)."""
+    from clirun import load_plugin
+    from moebench.core.device import detect
+    from moebench.core.driver import Driver
+
+    spec, cases, _, single = tiny
+    load_plugin(monkeypatch, tmp_path / "stamp.py", PLUGIN_PASS)
+    opts = Options(timing=spec.timing, time_it=False, cross=("stamp", "count-records"))
+
+    def two_devices(cases, passes, environ):
+        return workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
+
+    summary = list(Driver(spec, detect(True), opts, workers=two_devices, environ=dict(os.environ)).run(cases))[-1]
+    assert summary.complete and summary.passes == ["stamp", "count-records"]
+    for r in summary.records:
+        assert r.status == "ok" and _same(r, single[r.case_id])
+        assert r.cross["stamp_pid"] != os.getpid() and r.cross["records"] == len(cases)
+        assert r.timing["worker"] in ("CPU w0", "CPU w1")
