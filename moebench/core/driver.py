@@ -47,8 +47,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 from moebench.core.cases import Case, shape_key
 from moebench.core.device import DeviceInfo
 from moebench.core.passes import AfterAll, Pass, select
-from moebench.core.pipeline import (CasePipeline, Options, _Ahead, check_environment, prefetch_workers,
-                                    shape_major)
+from moebench.core.pipeline import CasePipeline, Options, check_environment
+from moebench.core.prefetch import _Ahead, prebuild_fits, prefetch_workers, shape_major
 from moebench.core.placements import Retimed, Timer
 from moebench.core.records import Record
 from moebench.core.spec import Spec
@@ -226,7 +226,7 @@ class Driver:
             for i, c in enumerate(cases):
                 last[shape_key(c, fam.shape_params)] = i
         ahead = None
-        if prefetch_workers(self.environ) and not fam.host_only and (untimed or pipe.prebuild_fits(cases)):
+        if prefetch_workers(self.environ) and not fam.host_only and (untimed or prebuild_fits(pipe, cases)):
             ahead = _Ahead(pipe, cases)
             if not untimed:
                 with pipe._phase("inputs + reference (built before timing, in parallel)"):

@@ -286,7 +286,7 @@ def test_a_background_build_given_up_does_not_hold_the_pool():
     shutting the pool down does not wait for it."""
     import threading
 
-    from moebench.core.pipeline import _DaemonPool
+    from moebench.core.prefetch import _DaemonPool
 
     release = threading.Event()
     pool = _DaemonPool(1, "test-pool")
