@@ -12,7 +12,10 @@ from typing import Optional
 import typer
 
 from moebench.cli.common import err, out, parse_formats, print_failures
+from moebench.core.records import OutputLock, ResultsWriter, writable_dir
 from moebench.errors import ExitCode, UsageError
+from moebench.parallel.merge import merge_results
+from moebench.parallel.shards import unshard_stem
 
 app = typer.Typer(rich_markup_mode=None)  # plain help: no <bool> placeholders, paragraphs rewrapped
 
@@ -21,8 +24,6 @@ def _destination(text: Optional[str], files: list[Path]) -> tuple[Path, str]:
     """-o OUT -> (directory, stem). OUT is a directory (an existing one, or any path ending in /:
     the stem comes from the shard files, less their .shardIofN), or a file path with or without
     .json/.csv/.md. Default: beside the first file."""
-    from moebench.parallel.shards import unshard_stem
-
     stem = unshard_stem(files[0].stem)
     if text is None:
         return files[0].parent, stem
@@ -43,13 +44,12 @@ def merge(
     formats: str = typer.Option("csv,json,md", "--format", help="Comma list of csv,json,md,parquet."),
     force: bool = typer.Option(False, "--force", help="Replace results files that hold more records than the merge."),
 ):
-    """Merge shard results into one file, from the files alone (no spec file is read, no plugin
-    imported). Shards must share the spec (sha256), the device class, the matrix, the timing
-    settings, the kill-switch variables and the baseline launch; a case in two files must have identical results. Exit 1 when a
-    case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
-    from moebench.core.records import OutputLock, ResultsWriter, writable_dir
+    """Merge shard results into one file, from the files alone (no spec file is read and no plugin
+    loaded). Shards must share the spec (sha256), the device class, the matrix, the timing settings,
+    the kill-switch variables and the baseline launch; a case in two files must have identical
+    results. Exit 1 when a case failed or the merge is incomplete (a shard missing, or a shard that
+    did not finish)."""
     from moebench.report.sweep import sweep_markdown
-    from moebench.parallel.merge import merge_results
 
     fmts = parse_formats(formats)
     m = merge_results(files)

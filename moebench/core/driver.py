@@ -31,9 +31,10 @@ Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py, or
 `after_case(ctx: CaseDone)` (per case, right after its timing, or its checks when untimed: the
 case, its record, group 0's closures, kept graphs) and/or `after_all(ctx: AfterAll)` (after every
 case: the spec, device, options, environment, every case and record; it may add fields to the
-records, e.g. `rec.work["counters"] = {...}` or entries of `rec.cross`). Decorate the class with `@register`. A pass that re-runs cases in
-a child process (Nsight Compute) needs only `after_all`, keeps nothing per case, and so also runs
-after `--devices` workers, here in the driver's process. `after_all` hooks run in registration order.
+records, e.g. `rec.work["counters"] = {...}` or entries of `rec.cross`). Decorate the class with
+`@register`. A pass that re-runs cases in a child process (Nsight Compute) needs only `after_all`,
+keeps nothing per case, and so also runs after `--devices` workers, here in the driver's process.
+`after_all` hooks run in registration order.
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
+from moebench.core.baseline import add_baseline_deltas
 from moebench.core.cases import Case, shape_key
 from moebench.core.device import DeviceInfo
 from moebench.core.passes import AfterAll, Pass, select
 from moebench.core.pipeline import CasePipeline, Options, check_environment
-from moebench.core.prefetch import _Ahead, prebuild_fits, prefetch_workers, shape_major
 from moebench.core.placements import Retimed, Timer
+from moebench.core.prefetch import _Ahead, prebuild_fits, prefetch_workers, shape_major
 from moebench.core.records import Record
 from moebench.core.spec import Spec
 
@@ -156,8 +158,6 @@ class Driver:
         An interrupt (KeyboardInterrupt, or a signal the caller turns into one) ends the run with an
         incomplete Summary of what finished. If it lands in the caller while it handles an event,
         `throw` it into this generator: the Summary comes back from the throw."""
-        from moebench.core.baseline import add_baseline_deltas
-
         spec, pipe = self.spec, self.pipeline
         cases = list(cases)
         done = dict(done or {})

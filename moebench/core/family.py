@@ -34,13 +34,18 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import pkgutil
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from moebench.core import interpret
 from moebench.core.text import one_line, show
+from moebench.errors import UsageError
+from moebench.sources.plugins import current_source, load_installed
 
 REQUIRED = object()
 
@@ -221,8 +226,6 @@ class FamilySpec:
         "builtin", or "plugin FILE" while a plugin file registers it. `work(params, geometry,
         device) -> dict` is the variant's own work model (bytes moved, ctas, ctas_with_work, ...:
         what its floors are read against); without one the family's `work` stands for it."""
-        from moebench.sources.plugins import current_source
-
         given = source
         if work is not None and not callable(work):
             raise TypeError(f"variant {name!r} of {self.name!r}: work= must be a function work(params, geometry, "
@@ -262,8 +265,6 @@ class FamilySpec:
     def builder_problem(self, fn: Callable) -> str | None:
         """Why the session could not call `fn` as this family's builder, or None: a kernel family
         calls fn(inputs, params, device), a host-only family fn(params)."""
-        import inspect
-
         expected = "fn(params)" if self.host_only else "fn(inputs, params, device)"
         if not callable(fn):
             return f"the decorated object is not a function; a builder is {expected}"
@@ -343,8 +344,6 @@ class FamilySpec:
 
     def load(self):
         """Import the kernels module (torch, triton) and return it."""
-        from moebench.core import interpret
-
         if interpret.active():
             interpret.compat()
         if not self.kernels:
@@ -352,8 +351,6 @@ class FamilySpec:
         module = importlib.import_module(self.kernels)
         missing = [] if self.host_only else [f for f in self.KERNEL_API if not callable(getattr(module, f, None))]
         if missing:
-            from moebench.errors import UsageError
-
             raise UsageError(f"family {self.name!r} ({self.origin}): its module {self.kernels} does not define "
                              f"{', '.join(missing)}; a kernel family's module provides {', '.join(self.KERNEL_API)}")
         return module
@@ -361,8 +358,6 @@ class FamilySpec:
 
 def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -> tuple[Any, str]:
     """A kill-switch variable's value for parameter `p`, or the shipped default when unset."""
-    from moebench.errors import UsageError
-
     raw = environ.get(var)
     if raw is None or raw.strip() == "":
         return default, f"default {default} (${var} unset)"
@@ -585,8 +580,6 @@ def catalogue() -> dict[str, FamilySpec]:
                 _BROKEN[name] = _load_error(e, _FAMILIES_DIR / name)
                 continue
             _CATALOGUE[fam.name] = fam
-        from moebench.sources.plugins import load_installed
-
         _BROKEN.update(load_installed())
     return _CATALOGUE
 
@@ -607,8 +600,6 @@ def broken() -> dict[str, str]:
 def _load_error(e: BaseException, folder: Path) -> str:
     """An error from importing a family's package as one line, naming the file and line in that
     family's folder (or the deepest line in moebench) where it went wrong."""
-    import traceback
-
     if isinstance(e, DeclarationError):
         return str(e).splitlines()[0]
     if isinstance(e, SyntaxError) and e.filename:
@@ -626,8 +617,6 @@ def get_family(name: str) -> FamilySpec:
     cat = catalogue()
     if name not in cat:
         if name in _BROKEN:
-            from moebench.errors import UsageError
-
             raise UsageError(family_error(name))
         raise KeyError(name)
     return cat[name]
@@ -642,8 +631,6 @@ def family_error(name: str) -> str | None:
 
 def register_family(fam: FamilySpec) -> FamilySpec:
     """Add a family (from a plugin) to the catalogue."""
-    from moebench.sources.plugins import current_source
-
     if fam.origin == "builtin" and current_source():
         fam.origin = current_source()
     cat = catalogue()

@@ -43,11 +43,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
+
+from moebench.core import counters, timing
 from moebench.core.placements import group_medians
 from moebench.core.records import Record
 from moebench.core.stats import mean
 from moebench.core.text import one_line
 from moebench.errors import UsageError
+from moebench.sources import plugins
 
 
 @dataclass
@@ -154,8 +158,6 @@ class DoBench(Pass):
     name = "dobench"
 
     def after_case(self, ctx: CaseDone) -> None:
-        from moebench.core.timing import dobench_cudagraph_us
-
         rec = ctx.record
         fns = [b.launch for b in ctx.builts]
 
@@ -164,7 +166,7 @@ class DoBench(Pass):
                 f()
 
         try:
-            v = dobench_cudagraph_us(all_sets) / len(fns)
+            v = timing.dobench_cudagraph_us(all_sets) / len(fns)
             # against the same placements: with placement groups, group 0's median
             mine = group_medians(rec)[0]
             rec.cross["dobench_us"] = round(v, 4)
@@ -190,9 +192,7 @@ class Nvbench(Pass):
         self.kept: dict[str, dict] = {}  # case id -> timed graphs and what they read
 
     def unavailable(self) -> str | None:
-        from moebench.core.timing import nvbench_unavailable
-
-        why = nvbench_unavailable()
+        why = timing.nvbench_unavailable()
         if why:
             return (f"--cross-check nvbench: cuda.bench is not importable here ({why}); install it with "
                     "pip install 'moebench[nvbench]' (the cuda-bench wheel, and a cuda-bindings of your CUDA major)")
@@ -203,16 +203,12 @@ class Nvbench(Pass):
                                   "pools": ctx.pools, "launches": ctx.launches_per_graph}
 
     def after_all(self, ctx: AfterAll) -> None:
-        import torch
-
-        from moebench.core.timing import NvbenchItem, nvbench_graphs
-
         todo = [(r, self.kept[r.case_id]) for r in ctx.records
                 if r.status == "ok" and r.timing.get("median_us") is not None and r.case_id in self.kept]
-        items = [NvbenchItem(lambda gs=k["graphs"]: [g.replay() for g in gs], k["launches"] * len(k["graphs"]))
+        items = [timing.NvbenchItem(lambda gs=k["graphs"]: [g.replay() for g in gs], k["launches"] * len(k["graphs"]))
                  for _, k in todo]
         try:
-            results = nvbench_graphs(items, torch.cuda.current_device()) if items else []
+            results = timing.nvbench_graphs(items, torch.cuda.current_device()) if items else []
         except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timings stand
             for rec, _ in todo:
                 rec.cross["cross_error"] = f"nvbench: {one_line(e)}"
@@ -256,8 +252,6 @@ class Profiler(Pass):
         self.kept[ctx.case.id] = ([b.launch for b in ctx.builts], list(ctx.held))
 
     def after_all(self, ctx: AfterAll) -> None:
-        from moebench.core.timing import profiler_kernel_us
-
         by_id = {c.id: c for c in ctx.cases}
         pipe = ctx.pipeline
         for rec in ctx.records:
@@ -271,7 +265,7 @@ class Profiler(Pass):
                     mine = rec.timing["median_us"]
                 else:  # against the same placements: with placement groups, group 0's median
                     mine = group_medians(rec)[0]
-                v = profiler_kernel_us(fns, pipe.launches_per_graph(case))
+                v = timing.profiler_kernel_us(fns, pipe.launches_per_graph(case))
                 if v is not None:
                     rec.cross["kernel_us"] = round(v, 4)
                     rec.cross["node_gap_us"] = round(mine - v, 4)
@@ -298,11 +292,8 @@ class Counters(Pass):
     announce = "counters pass (Nsight Compute: one graph replay per case, in a child process)"
 
     def after_all(self, ctx: AfterAll) -> None:
-        from moebench.core.counters import collect
-        from moebench.sources import plugins
-
         try:
-            collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
+            counters.collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
                     environ=ctx.environ, plugins=[p["path"] for p in plugins.loaded()])
         except Exception as e:  # noqa: BLE001 - the timings stand; every record says what went wrong
             for rec in ctx.records:

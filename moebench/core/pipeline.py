@@ -37,15 +37,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+import torch
+
 from moebench.core.cases import Case, baseline_case, shape_key
-from moebench.core.device import DeviceInfo
+from moebench.core.device import DeviceInfo, interpreter_without_discarded_checks
+from moebench.core.family import Check
 from moebench.core.passes import CaseDone, Pass
 from moebench.core.placements import Placements, Timer, floors, occupancy
 from moebench.core.records import Record
 from moebench.core.spec import Spec, Timing
 from moebench.core.text import one_line
+from moebench.core.tritonpatch import specializations
 from moebench.errors import Unavailable
-from moebench.core.family import Check
 
 # Each shape's checked input set (set 0) is copied as built, so that what one variant does to it (a
 # store past its output into the poisoned guard cells, a write into an input) is undone before the
@@ -108,8 +111,6 @@ class CaseTimeLimit(Exception):
 def _time_limit(seconds: float | None) -> Iterator[None]:
     """Raise CaseTimeLimit in this (main) thread once `seconds` have passed, and every second after
     that in case something swallowed the first one; a no-op without a limit or off the main thread."""
-    import threading
-
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -166,8 +167,6 @@ class CasePipeline:
         self.phases: dict[str, float] = defaultdict(float)  # wall seconds per phase of the cases
         self._phase_lock = threading.Lock()
         if device.backend == "interpret":
-            from moebench.core.device import interpreter_without_discarded_checks
-
             interpreter_without_discarded_checks()
 
     @property
@@ -290,8 +289,6 @@ class CasePipeline:
         per = self.impl.input_bytes(case.params)
         need = per * n_sets + min(per, PRISTINE_MAX_BYTES)  # and the copy of set 0 as built (_Pristine)
         if self.torch_device == "cuda":
-            import torch
-
             free, _ = torch.cuda.mem_get_info()
             where = self.device.name
         else:
@@ -328,8 +325,6 @@ class CasePipeline:
 
     def _sync(self) -> None:
         if self.torch_device == "cuda":
-            import torch
-
             torch.cuda.synchronize()
 
     def _first_launch(self, built) -> float | None:
@@ -337,8 +332,6 @@ class CasePipeline:
         JIT specialization, so compiling stays out of any timing. Returns the seconds of this
         launch when Triton prepared a new specialization in it (compile time plus one run of the
         kernel), else None. Triton says which (moebench.core.tritonpatch.specializations)."""
-        from moebench.core.tritonpatch import specializations
-
         built.reset()
         with specializations() as new:
             t0 = self.clock()
@@ -394,8 +387,6 @@ class CasePipeline:
             mine = out.clone() if self.spec.baseline and not inexact else None
             damage = self._damage(pristine, built, key, fresh)  # before the baseline launch reads the inputs
         if mine is not None:
-            import torch
-
             with self._phase("baseline launch"):
                 base = self.baseline_output(case, inp)
             with self._phase("check"):
@@ -470,8 +461,6 @@ class CasePipeline:
 def _tensors(obj, name: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
     """(field name, tensor) for every tensor an input set holds: its dataclass fields or attributes,
     and the items of its lists, tuples and dicts, three levels down."""
-    import torch
-
     if isinstance(obj, torch.Tensor):
         yield name or "inputs", obj
         return
@@ -495,8 +484,6 @@ class _Pristine:
     `restore` puts them back; `damage` says what a launch changed besides its output."""
 
     def __init__(self, inp, budget: int):
-        import torch
-
         storages: dict[tuple, tuple[Any, list[str]]] = {}
         for name, t in _tensors(inp):
             st = t.untyped_storage()
@@ -520,8 +507,6 @@ class _Pristine:
         `workspace` fields (tensors its launches write besides the output, e.g. the layer's
         scratch): bytes of the output's buffer around it (its guard cells), and other storages
         (the variant's inputs). "" when nothing did."""
-        import torch
-
         outs = {}  # storage pointer -> (first byte, end byte) the output may write
         for _, t in _tensors(output):
             st = t.untyped_storage()

@@ -16,12 +16,16 @@ Torch is imported only where memory is allocated on a GPU.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+import torch
+
+from moebench.core import timing
 from moebench.core.device import nvml_clocks
 from moebench.core.noise import NoiseChoice, for_timer
 from moebench.core.records import Record
@@ -71,8 +75,6 @@ class Placements:
         if self.timing.placement_memory != "private" or self.torch_device != "cuda" or not self.time_it:
             yield None
             return
-        import torch
-
         if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
             raise RuntimeError("timing.placement_memory: private needs torch.cuda.MemPool (torch >= 2.6)")
         t = self.timing
@@ -87,8 +89,6 @@ class Placements:
     def copy_set(self, inp, index: int) -> tuple[Any, Any]:
         """A copy of an input set in fresh memory (views kept as views): the same data at another
         placement, the `index`-th of its rotation. Returns (copy, its pool or None)."""
-        import copy
-
         with self._placement(index) as pool:
             return copy.deepcopy(inp), pool
 
@@ -160,10 +160,7 @@ class Timer:
         placement group, group g > 0 over fresh copies of `sets` (the inputs of `builts`) with
         closures from `rebuild`. `held`: copies group 0 reads, kept alive with its graph.
         `keep_graphs`: keep the captured graphs (and what they read) for a pass."""
-        if self._time_groups is None:
-            from moebench.core.timing import time_groups
-        else:
-            time_groups = self._time_groups
+        time_groups = self._time_groups or timing.time_groups
         t = self.timing
         g_min = max(1, t.groups)
         # one group is the single-graph timer: no interval between groups to grow it by

@@ -13,12 +13,12 @@ import os
 import queue
 import threading
 from concurrent.futures import Future, wait
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
+
+import torch
 
 from moebench.core.cases import Case, shape_key
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moebench.core.pipeline import CasePipeline
+from moebench.core.pipeline import CasePipeline
 
 # Background input building (untimed runs only: `verify`, interpreter runs). Workers: half the
 # cores, at most 8 (torch's own CPU kernels already use several threads each); $MOEBENCH_PREFETCH
@@ -138,7 +138,7 @@ class _Ahead:
     still running at that case's limit is given up (its thread left behind, another in its place),
     so the next shapes and the end of the run do not wait for it."""
 
-    def __init__(self, pipeline: "CasePipeline", cases: list[Case]):
+    def __init__(self, pipeline: CasePipeline, cases: list[Case]):
         self.s = pipeline
         workers = prefetch_workers(pipeline.environ)
         self.depth = workers * PREFETCH_DEPTH_PER_WORKER
@@ -178,13 +178,11 @@ class _Ahead:
         self.s._abandon = None
 
 
-def prebuild_fits(pipe: "CasePipeline", cases: list[Case]) -> bool:
+def prebuild_fits(pipe: CasePipeline, cases: list[Case]) -> bool:
     """Whether every shape's timing input sets together fit the prebuild budget (a share of the
     free device memory), so a timed run can build them all up front."""
     if pipe.torch_device != "cuda":
         return False
-    import torch
-
     need, seen = 0, set()
     for c in cases:
         key = shape_key(c, pipe.fam.shape_params)

@@ -31,8 +31,10 @@ values make no new one there (a GPU compiles one per value).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
+import importlib
 import inspect
 import os
 import sys
@@ -103,17 +105,23 @@ def enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
 _key_installed = False
 
 
-def _triton_root() -> Path:
-    import triton
+def _triton(name: str = "triton"):
+    """Triton's module `name`, imported when first asked for (every command imports this module, and
+    most never import triton), or None where this triton has no such module."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
-    return Path(triton.__file__).resolve().parent
+
+def _triton_root() -> Path:
+    return Path(_triton().__file__).resolve().parent
 
 
 def signature(root: Path | None = None) -> str:
     """A hash of what triton_key() reads, by name, size and modification time: runtime/cache.py,
     everything under compiler/, backends/ and language/, and _C/libtriton.<ext>."""
-    import triton
-
+    triton = _triton()
     root = root or _triton_root()
     ext = (sysconfig.get_config_var("EXT_SUFFIX") or ".so").split(".")[-1]
     files = [root / "runtime" / "cache.py", root / "_C" / f"libtriton.{ext}"]
@@ -133,14 +141,9 @@ def signature(root: Path | None = None) -> str:
 
 def cache_dir() -> Path:
     """Triton's cache directory (its knob, else TRITON_CACHE_DIR, else ~/.triton/cache)."""
-    try:
-        from triton import knobs
-
-        d = knobs.cache.dir
-        if d:
-            return Path(d)
-    except (ImportError, AttributeError):
-        pass
+    d = getattr(getattr(_triton("triton.knobs"), "cache", None), "dir", None)
+    if d:
+        return Path(d)
     return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
 
 
@@ -174,10 +177,7 @@ def install_key_cache() -> bool:
         return True
     if not enabled("key_cache"):
         return False
-    try:
-        import triton.runtime.cache as cache
-    except ImportError:
-        return False
+    cache = _triton("triton.runtime.cache")
     original = getattr(cache, "triton_key", None)
     if original is None:
         return False
@@ -191,13 +191,9 @@ def install_key_cache() -> bool:
         return remembered(original, cache_dir() / "moebench-triton-key", sig)
 
     cache.triton_key = triton_key
-    try:
-        import triton.runtime.autotuner as autotuner
-
-        if getattr(autotuner, "triton_key", None) is original:
-            autotuner.triton_key = triton_key
-    except ImportError:
-        pass
+    autotuner = _triton("triton.runtime.autotuner")
+    if getattr(autotuner, "triton_key", None) is original:
+        autotuner.triton_key = triton_key
     _key_installed = True
     return True
 
@@ -208,9 +204,8 @@ def install_key_cache() -> bool:
 def interpreter_patches() -> dict[str, bool]:
     """Apply the interpreter's patches that are switched on (nothing on a GPU run takes these
     paths). Returns which were installed by this call."""
-    try:
-        from triton.runtime import interpreter as it
-    except ImportError:
+    it = _triton("triton.runtime.interpreter")
+    if it is None:
         return {}
     return {"lang_once": enabled("lang_once") and patch_lang_once(it),
             "scalar_squeeze": enabled("scalar_squeeze") and squeeze_scalars(it),
@@ -293,13 +288,7 @@ def skip_overflow_checks(it=None) -> bool:
     `device_assert`, which returns at once unless `debug` is set (triton/language/semantic.py, 3.6
     to 3.9). With `debug` off, turning it off changes no result and no check; with `debug` on it
     stays on. True when it changed the interpreter's options."""
-    import dataclasses
-
-    if it is None:
-        try:
-            from triton.runtime import interpreter as it
-        except ImportError:
-            return False
+    it = it or _triton("triton.runtime.interpreter")
     builder = getattr(it, "interpreter_builder", None)
     opts = getattr(builder, "options", None)
     if opts is None or getattr(opts, "debug", True) or not getattr(opts, "sanitize_overflow", False):
@@ -350,11 +339,7 @@ def _hook() -> bool:
     runs), again if something replaced it since. False where this triton has no such knob."""
     global _hooked
     with _hook_lock:
-        try:
-            from triton import knobs
-        except ImportError:
-            return False
-        runtime = getattr(knobs, "runtime", None)
+        runtime = getattr(_triton("triton.knobs"), "runtime", None)
         if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
             return False
         before = runtime.jit_post_compile_hook
@@ -371,11 +356,8 @@ def _hook() -> bool:
 
 
 def _interpreted() -> set:
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:
-        return set()
-    return set(getattr(InterpretedFunction, "rewritten_fn", {}))
+    fn = getattr(_triton("triton.runtime.interpreter"), "InterpretedFunction", None)
+    return set(getattr(fn, "rewritten_fn", {}))
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ torch-free at import: the workers import torch only after pinning their GPU.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -17,18 +18,21 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence, TYPE_CHECKING
 
+from moebench.core import device as dev
+from moebench.core.cases import Case
+from moebench.core.family import catalogue
+from moebench.core.records import Record
+from moebench.core.spec import Spec, load_spec
 from moebench.core.text import one_line
 from moebench.errors import BackendError, UsageError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from moebench.core.cases import Case
-    from moebench.core.records import Record
+if TYPE_CHECKING:  # pragma: no cover - they import torch, which a worker imports only after pinning its GPU
     from moebench.core.passes import Pass
     from moebench.core.pipeline import Options
-    from moebench.core.spec import Spec
 
 
 def _visible_gpus() -> list[str]:
@@ -75,17 +79,17 @@ def parse_devices(text: str) -> list[int]:
     return picked
 
 
-def pool(spec: "Spec", devices: Sequence[int], opts: "Options", *, isolate: bool = False):
+def pool(spec: Spec, devices: Sequence[int], opts: "Options", *, isolate: bool = False):
     """The run driver's `workers` for these GPUs: a callable (cases, passes, environ) -> records.
     `isolate`: a worker that dies (or leaves after a CUDA error) is replaced by a fresh one."""
 
-    def run(cases: Sequence["Case"], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator["Record"]:
+    def run(cases: Sequence[Case], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator[Record]:
         return run_on_devices(spec, cases, devices, opts=opts, passes=passes, environ=environ, respawn=isolate)
 
     return run
 
 
-def isolated(spec: "Spec", opts: "Options", backend: str):
+def isolated(spec: Spec, opts: "Options", backend: str):
     """The run driver's `workers` for `--isolate` on one device: the cases run one at a time in a
     child process, so a case that crashes it (a segfault, an abort, a CUDA error that poisons the
     context) or hangs past the case limit is recorded as failed with what happened, and a fresh
@@ -94,7 +98,7 @@ def isolated(spec: "Spec", opts: "Options", backend: str):
     if backend == "cuda":
         return pool(spec, [0], opts, isolate=True)
 
-    def run(cases: Sequence["Case"], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator["Record"]:
+    def run(cases: Sequence[Case], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator[Record]:
         return _run_workers(spec.path, cases, ["isolated"], True, opts=opts, sweep=spec.name,
                             spec_sha256=spec.sha256, labels=["CPU (isolated)"], passes=passes, environ=environ,
                             respawn=True)
@@ -107,9 +111,9 @@ def isolated(spec: "Spec", opts: "Options", backend: str):
 WATCHDOG_GRACE_S = 10.0
 
 
-def run_on_devices(spec: "Spec", cases: Sequence["Case"], devices: Sequence[int], *,
+def run_on_devices(spec: Spec, cases: Sequence[Case], devices: Sequence[int], *,
                    opts: "Options", passes: Sequence["Pass"] = (),
-                   environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator["Record"]:
+                   environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
     """Run cases on several GPUs of this node, one worker process per GPU; yield records as they finish
     (in completion order). A worker that dies is reported as an error record for the case it held,
     and the others drain the rest (`respawn`: a fresh worker takes its place). The cases travel as
@@ -148,10 +152,10 @@ class _Worker:
     notes: list[str] = field(default_factory=list)
 
 
-def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Sequence[str], interpret: bool, *,
+def _run_workers(spec_path: str | Path, cases: Sequence[Case], worker_keys: Sequence[str], interpret: bool, *,
                  opts: "Options", sweep: str | None = None, spec_sha256: str | None = None,
                  labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
-                 environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator["Record"]:
+                 environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
     """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
 
     One spawned process per key: a CUDA_VISIBLE_DEVICES value (interpret=False) or just a name
@@ -166,18 +170,11 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
     interpreter with a case limit, a worker still holding a case WATCHDOG_GRACE_S past the limit is
     killed and its case recorded as CaseTimeLimit.
     """
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
-    from moebench.core.records import Record
-
     if not cases:
         return
     if not worker_keys:
         raise UsageError("--devices: no devices to run on")
     if sweep is None or spec_sha256 is None:
-        from moebench.core.spec import load_spec
-
         spec = load_spec(str(spec_path))
         sweep, spec_sha256 = sweep or spec.name, spec_sha256 or spec.sha256
     labels = list(labels) if labels is not None else [f"{'CPU' if interpret else 'GPU'} {k}" for k in worker_keys]
@@ -363,10 +360,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         os.environ["CUDA_VISIBLE_DEVICES"] = key
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the workers
     try:
-        from moebench.core.device import detect
-        from moebench.core.driver import Driver, poisons_context
-        from moebench.core.family import catalogue
-        from moebench.core.spec import load_spec
+        from moebench.core.driver import Driver, poisons_context  # imports torch: after the GPU is pinned
 
         # the parent's plugin files ($MOEBENCH_PLUGINS) first: the passes and variants they register
         # are unpickled below, and a spec's plugins: naming one of them then finds it loaded
@@ -379,7 +373,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
             raise UsageError(f"{spec_path} changed since the sweep started (sha256 {spec.sha256[:12]}, "
                              f"expected {spec_sha256[:12]})")
         spec.timing = opts.timing  # the parent's (an --l2 override lives there)
-        device = detect(interpret)
+        device = dev.detect(interpret)
         clocks = None if interpret else _nvml_index()
         driver = Driver(spec, device, opts, environ=environ, passes=passes)
         if clocks is not None:
@@ -418,8 +412,6 @@ def _nvml_index() -> int | None:
     NVML numbers GPUs physically and ignores CUDA_VISIBLE_DEVICES, so index 0 would read the
     node's first GPU from every worker. Find this GPU's NVML index by UUID; None where NVML or the
     UUID is unavailable."""
-    from moebench.core import device as dev
-
     nv = dev._nvml()
     if nv is None:
         return None

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
@@ -119,8 +120,6 @@ def load_installed() -> dict[str, str]:
             load_file(p, where=f"${ENV}")
         except UsageError as e:
             failed[f"plugin {p}"] = str(e)
-    from importlib.metadata import entry_points
-
     for ep in entry_points(group=GROUP):
         _CURRENT.append(f"plugin {ep.value} (entry point {ep.name})")
         try:

@@ -54,7 +54,7 @@ class FakeCuda:
 def fake_timer(monkeypatch, times):
     """Patch the timing core onto a scripted clock: group g's graph replays in times[g](i) µs."""
     cuda = FakeCuda()
-    monkeypatch.setattr(T, "_torch", lambda: SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(T, "torch", SimpleNamespace(cuda=cuda))
     made = []
 
     def capture(fns, launches, warmup, fresh=True):

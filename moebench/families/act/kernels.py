@@ -37,9 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.errors import Unavailable
 from moebench.core.family import Built, Check, cdiv, next_pow2
+from moebench.errors import Unavailable
 from moebench.families.act import FAMILY, GATED_OPS, PADDED_OPS, widths
+from moebench.sources import upstream
 
 # Columns per inner-loop chunk: the whole row when it fits (N = 768 -> 1024, one masked chunk),
 # else 1024-column chunks, which keep a 4-warp CTA at 8 bf16 (16 B) per thread per load.
@@ -222,8 +223,6 @@ _UPSTREAM = {"silu_mul_bounded": ("silu_mul_bounded", ("input_ptr", "output_ptr"
 
 
 def act_rows_upstream(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
-    from moebench.sources import upstream
-
     name, names = _UPSTREAM[inp.op]
     kernel = upstream.load(name)
     have = tuple(getattr(kernel, "arg_names", ()))

@@ -29,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.errors import Unavailable
 from moebench.core.family import Built, Check, cdiv, next_pow2
+from moebench.errors import Unavailable
 from moebench.families.count import FAMILY
+from moebench.sources import upstream
 
 # Cells on each side of the counters, poisoned; a stray atomic outside [S, S + L) would hit them.
 _GUARD = 16
@@ -453,8 +454,6 @@ def build_privatized(inp: Inputs, params: dict, device) -> Built:
                 doc="Megatron's _count_local_tokens_kernel_persistent, imported at run time, at this case's "
                     "BLOCK_SIZE, warps and grid")
 def build_upstream(inp: Inputs, params: dict, device) -> Built:
-    from moebench.sources import upstream
-
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_persistent(inp, params, grid, block, nw, kernel=upstream.load("count_persistent"))
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "contiguous"}
@@ -465,8 +464,6 @@ def build_upstream(inp: Inputs, params: dict, device) -> Built:
                 twins=("nonpersistent",),
                 doc="Megatron's _count_local_tokens_kernel, imported at run time, grid from the capacity")
 def build_upstream_nonpersistent(inp: Inputs, params: dict, device) -> Built:
-    from moebench.sources import upstream
-
     nw, block = params["num_warps"], params["block_size"]
     launch, grid = count_nonpersistent(inp, params, block, nw, kernel=upstream.load("count"))
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "one chunk"}

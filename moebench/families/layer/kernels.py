@@ -60,10 +60,11 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.errors import Unavailable
 from moebench.core.family import Built, Check, cdiv, get_family, next_pow2
+from moebench.errors import Unavailable
 from moebench.families.act import PADDED_OPS
-from moebench.families.layer import _ROUTING, FAMILY, capacity_rows, expert_weight_bytes, widths
+from moebench.families.layer import FAMILY, _ROUTING, capacity_rows, expert_weight_bytes, widths
+from moebench.sources import upstream
 
 # Live pairs one program of the place kernel reads per step of its walk: the whole decode map
 # (256 tokens x 8) in two steps, a 1024-wide prefix sum per step.
@@ -366,10 +367,9 @@ class _Step:
         shape = {**{n: params[n] for n in _ROUTING}, "seed": params["seed"]}
         count, cq, self.count_from = _delegate(params, "count", shape)
         count_inputs = count.load().Inputs
-        self.counters = [count.build(params["count_variant"],
-                                     count_inputs(routing_map=inp.routing_map[l], valid=inp.valid,
-                                                  counts_buf=inp.counts_buf, counts=inp.counts, tokens=params["tokens"]),
-                                     cq, device) for l in range(params["layers"])]
+        self.counters = [count.build(params["count_variant"], count_inputs(
+            routing_map=inp.routing_map[l], valid=inp.valid, counts_buf=inp.counts_buf, counts=inp.counts,
+            tokens=params["tokens"]), cq, device) for l in range(params["layers"])]
         act_shape = {"op": params["op"], "rows": inp.rows, "live_rows": inp.rows, "ffn": N, "in_cols": W,
                      "seed": params["seed"]}
         self.act, self.act_params, self.act_from = _delegate(params, "act", act_shape)
@@ -729,8 +729,6 @@ def build_step(inp: Inputs, params: dict, device) -> Built:
                 doc="megatron-core's mcore_fused_moe (BF16; squared ReLU only in 0.19.2) on the same routing and "
                     "weights: the upstream reference arm")
 def build_mcore(inp: Inputs, params: dict, device) -> Built:
-    from moebench.sources import upstream
-
     fused = upstream.load("fused_moe")
     if params["op"] != "squared_relu" or params["scope"] != "step":
         raise ValueError("the mcore arm runs megatron-core's whole fused MoE, whose BF16 path implements squared_relu "
