@@ -114,8 +114,9 @@ def where(p: Plan, *, interpret: bool, formats: str, cross_check: str | None, ti
     timed = time_it and device.backend == "cuda"
     gpus = None
     if devices:  # before the ceilings are measured: a bad --devices fails at once
-        from moebench.parallel.workers import parse_devices
+        from moebench.parallel.workers import device_list, parse_devices
 
+        device_list(devices)  # what it says first: a malformed value is named as such
         if host_only or device.backend != "cuda":
             raise UsageError(f"--devices: one worker per CUDA device, but this run is on {device.name}"
                              + (" (a host-only family)" if host_only else "; drop --devices or --interpret"))

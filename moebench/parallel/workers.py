@@ -44,33 +44,38 @@ def _visible_gpus() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
+def device_list(text: str | None) -> list[int] | None:
+    """``all`` -> None, ``0,1,...`` -> those indices: what --devices says, checked before anything
+    asks which GPUs there are (a UsageError names the value and what is accepted)."""
+    t = (text or "").strip()
+    if t.lower() == "all":
+        return None
+    picked: list[int] = []
+    for part in t.split(","):
+        part = part.strip()
+        if not part.isdigit() or not part.isascii():
+            raise UsageError(f"--devices: expected all or comma-separated GPU indices like 0,1,3, got {text!r}")
+        d = int(part)
+        if d in picked:
+            raise UsageError(f"--devices: GPU {d} is listed twice; one worker per GPU")
+        picked.append(d)
+    return picked
+
+
 def parse_devices(text: str) -> list[int]:
     """``all`` or ``0,1,...`` -> the CUDA device indices to run on, one worker process each.
 
     Indices are as this process sees them (inside CUDA_VISIBLE_DEVICES, if set). The GPUs must be
     of one kind: one results file describes one device class."""
+    picked = device_list(text)
     names = _visible_gpus()
-    t = (text or "").strip()
-    if t.lower() == "all":
-        if not names:
-            raise BackendError("--devices all: no CUDA device is visible")
+    if not names:
+        raise BackendError(f"--devices {text.strip()}: no CUDA device is visible")
+    if picked is None:
         picked = list(range(len(names)))
-    else:
-        picked = []
-        for part in t.split(","):
-            part = part.strip()
-            if not part.isdigit() or not part.isascii():
-                raise UsageError(f"--devices: expected all or a comma list of GPU indices like 0,1,3, got {text!r}")
-            d = int(part)
-            if d in picked:
-                raise UsageError(f"--devices: GPU {d} is listed twice; one worker per GPU")
-            picked.append(d)
-        if not names:
-            raise BackendError(f"--devices {t}: no CUDA device is visible")
-        for d in picked:
-            if d >= len(names):
-                raise UsageError(f"--devices: no GPU {d}; this process sees {len(names)} "
-                                 f"(0..{len(names) - 1})")
+    for d in picked:
+        if d >= len(names):
+            raise UsageError(f"--devices: no GPU {d}; this process sees {len(names)} (0..{len(names) - 1})")
     first = picked[0]
     for d in picked[1:]:
         if names[d] != names[first]:

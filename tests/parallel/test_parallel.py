@@ -191,7 +191,7 @@ def test_parse_devices(monkeypatch):
     assert workers.parse_devices("all") == [0, 1, 2, 3]
     assert workers.parse_devices("2, 0") == [2, 0]
     for bad, needle in (("4", "no GPU 4; this process sees 4 (0..3)"), ("0,0", "listed twice"),
-                        ("", "expected all or a comma list"), ("0,x", "expected all or a comma list")):
+                        ("", "expected all or comma-separated GPU indices"), ("0,x", "expected all or comma-separated")):
         with pytest.raises(UsageError) as e:
             workers.parse_devices(bad)
         assert needle in str(e.value)
@@ -202,6 +202,16 @@ def test_parse_devices(monkeypatch):
     for text in ("all", "0"):
         with pytest.raises(BackendError, match="no CUDA device is visible"):
             workers.parse_devices(text)
+
+
+@pytest.mark.parametrize("bad", ["x", "0,,1", "-1", "all,0"])
+def test_a_malformed_devices_value_is_named_before_the_backend_is_asked(tmp_path, capsys, bad):
+    """On the CPU, `--devices x` said "this run is on CPU"; the value itself is what is wrong."""
+    code, _, err = run_cli(["sweep", "count-block", "--quick", "--devices", bad, "--out", str(tmp_path)], capsys)
+    line = err.strip()
+    assert code == 2 and "\n" not in line and "Traceback" not in line, err
+    assert f"--devices: expected all or comma-separated GPU indices like 0,1,3, got {bad!r}" in line
+    assert "this run is on" not in line and not any(tmp_path.iterdir())
 
 
 def test_run_on_devices_pins_the_physical_gpu(monkeypatch):
