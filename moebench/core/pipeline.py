@@ -47,8 +47,9 @@ from moebench.core.placements import Placements, Timer, floors, occupancy
 from moebench.core.records import Record
 from moebench.core.spec import Spec, Timing
 from moebench.core.text import one_line
-from moebench.core.tritonpatch import specializations
+from moebench.core.tritonpatch import launches, specializations, undefined_names
 from moebench.errors import Unavailable
+from moebench.sources.plugins import user_code, where_in_plugin
 
 # Each shape's checked input set (set 0) is copied as built, so that what one variant does to it (a
 # store past its output into the poisoned guard cells, a write into an input) is undone before the
@@ -105,6 +106,23 @@ def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ
 
 class CaseTimeLimit(Exception):
     """A case ran past Options.case_limit_s under the interpreter."""
+
+
+def case_error(e: BaseException) -> str:
+    """A failed case's error as one line: the exception (the case limit, where the interpreter
+    wrapped it in its own), and where in a plugin's file it was raised (FILE:LINE) when it was. A
+    sys.exit() or os._exit() in a builder, launch, input builder or reference is that case's error."""
+    at = where_in_plugin(e)
+    at = f" (at {at})" if at else ""
+    if isinstance(e, SystemExit):
+        return (f"SystemExit: the case called {getattr(e, 'how', 'sys.exit')}({e.code!r}){at} (in its variant's "
+                "builder or launch, or its family's inputs or reference); a variant returns or raises, it does not "
+                "end the run")
+    limit = e
+    while limit is not None and not isinstance(limit, CaseTimeLimit):  # the interpreter wraps what it met
+        limit = limit.__cause__ or limit.__context__
+    e = limit or e
+    return f"{type(e).__name__}: {one_line(e)}{at}"
 
 
 @contextmanager
@@ -177,32 +195,23 @@ class CasePipeline:
         rec = Record(self.spec.name, self.fam.name, case.id, case.variant, case.label, "ok",
                      params={k: v for k, v in case.params.items()})
         try:
-            params, sources = self.resolve(case)
-            rec.launch = {k: params[k] for k in sources}
-            rec.launch_from = sources
-            if self.fam.host_only:
-                rec.work = self.fam.builder(case.variant)(params)
-                return rec
-            with _time_limit(self.opts.case_limit_s if self.device.backend == "interpret" else None):
-                self._kernel_case(case, params, rec)
+            with user_code():  # an os._exit in a builder, launch, input builder or reference: this case's error
+                params, sources = self.resolve(case)
+                rec.launch = {k: params[k] for k in sources}
+                rec.launch_from = sources
+                if self.fam.host_only:
+                    rec.work = self.fam.builder(case.variant)(params)
+                    return rec
+                with _time_limit(self.opts.case_limit_s if self.device.backend == "interpret" else None):
+                    self._kernel_case(case, params, rec)
         except KeyboardInterrupt:
             raise
         except Unavailable as e:
             rec.status = "unavailable"
             rec.error = str(e)
-        except SystemExit as e:  # a plugin's builder, launch or input builder: that case fails, the run goes on
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
             rec.status = "error"
-            rec.error = (f"SystemExit: the case called sys.exit({e.code!r}) (in its variant's builder or launch, or "
-                         "its family's inputs or reference); a variant returns or raises, it does not end the run")
-            if self.opts.traceback:
-                rec.error += "\n" + traceback.format_exc()
-        except Exception as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
-            rec.status = "error"
-            rec.error = f"{type(e).__name__}: {one_line(e)}"
-            while e is not None and not isinstance(e, CaseTimeLimit):  # the interpreter wraps what it met
-                e = e.__cause__ or e.__context__
-            if e is not None:
-                rec.error = f"{type(e).__name__}: {one_line(e)}"
+            rec.error = case_error(e)
             if self.opts.traceback:
                 rec.error += "\n" + traceback.format_exc()
         return rec
@@ -251,8 +260,8 @@ class CasePipeline:
 
     def _build_shape(self, case: Case) -> tuple[list, list, Any, "_Pristine"]:
         """A shape's input sets, its reference and the copy of set 0 as built, for the background
-        (see _Ahead)."""
-        with self._phase("inputs + reference (background threads)"):
+        (moebench.core.prefetch), with os._exit an error there too (user_code)."""
+        with self._phase("inputs + reference (background threads)"), user_code():
             sets, pools = self._build_sets(case, self.placements.n_sets(case.params))
             pristine = _Pristine(sets[0], PRISTINE_MAX_BYTES)
             if self.fam.reference_after_build:
@@ -376,9 +385,14 @@ class CasePipeline:
         # checked launch: reset/poison, one launch (it also compiles, outside any timing), then
         # compare to torch, right away (the guard cells are the variant's alone), and to the
         # baseline launch on the same inputs (which reuses them, so the output is copied first)
-        with self._phase("compile + checked launch"):
+        with self._phase("compile + checked launch"), launches() as ran:
             compile_s = self._first_launch(built)
         rec.timing["compile_s"] = round(compile_s, 4) if compile_s is not None else None
+        for fn, _ in ran:  # under the interpreter: a kernel a GPU would refuse to compile fails here too
+            for name, line in undefined_names(fn)[:1]:
+                raise NameError(f"kernel {fn.__qualname__} reads {name!r} at {fn.__code__.co_filename}:{line}, "
+                                "which is not defined: it would not compile (the Triton interpreter runs a line "
+                                "only when it is reached, and this case never reached it)")
         with self._phase("check"):
             out = built.output
             chk: Check = self.impl.check(inp, out, expected, case.params)
@@ -395,7 +409,13 @@ class CasePipeline:
             rec.checks["baseline_equal"] = None
             rec.checks["baseline_skipped"] = inexact
         rec.checks.update(vacuity)
-        if not chk.ok or rec.checks.get("baseline_equal") is False or damage:
+        if chk.ok and ran and not any(n for _, n in ran):
+            rec.checks["ref_check"] = "vacuous"
+            rec.status, rec.error = "mismatch", (
+                f"vacuous: the launch ran no program of {', '.join(sorted({f.__qualname__ for f, _ in ran}))} (a grid "
+                "of 0), so its output equals the reference without the kernel doing anything; size the grid from "
+                "the capacity, not from the count of this step")
+        elif not chk.ok or rec.checks.get("baseline_equal") is False or damage:
             rec.status = "mismatch"
             rec.error = (chk.detail if not chk.ok else damage if damage else
                          "differs from the baseline launch (torch.equal)")

@@ -16,6 +16,13 @@ the CPU"); each patch's section below says what it changes and why it changes no
 touches what a compiled kernel computes. Tested on triton 3.6 and 3.9 (tests/core/test_tritonpatch.py,
 tests/core/test_interpret.py; `make compat` runs them on 3.6).
 
+**Launch accounting** is not a patch either: under the interpreter `launches()` records each kernel
+a block launched and how many programs it ran (Triton's GridExecutor and the interpreter builder's
+`set_grid_dim`, wrapped once, calling through), and `undefined_names` reads a kernel's code for
+global names that do not exist (a GPU's compile fails on those; the interpreter only when the line
+runs). The case pipeline tells from them a kernel that would not compile, or a launch that ran
+nothing, from one that passed its check.
+
 **Compile accounting** is not a patch: `specializations()` asks Triton which kernels it prepared
 while a block ran. On a GPU that is Triton's `knobs.runtime.jit_post_compile_hook` (3.6 to 3.9:
 called once per new entry of a JIT function's per-device kernel cache, i.e. once per
@@ -30,8 +37,10 @@ values make no new one there (a GPU compiles one per value).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
+import dis
 import functools
 import hashlib
 import importlib
@@ -375,3 +384,69 @@ def specializations():
         new.extend(_compiled[start:])
         new.extend(("interpreted", getattr(f, "__module__", None), getattr(f, "__qualname__", repr(f)))
                    for f in _interpreted() - before)
+
+
+# --------------------------------------------------------------------------- launch accounting
+
+_launch_lists: list[list] = []  # the lists of the `launches()` blocks open now
+_grid_hooked = False
+_launching = threading.local()
+
+
+def _hook_grids() -> bool:
+    """Wrap the interpreter's GridExecutor.__call__ (which kernel) and interpreter_builder's
+    set_grid_dim (how many programs) once; False where this triton has neither."""
+    global _grid_hooked
+    it = _triton("triton.runtime.interpreter")
+    executor, builder = getattr(it, "GridExecutor", None), getattr(it, "interpreter_builder", None)
+    if executor is None or not hasattr(builder, "set_grid_dim"):
+        return False
+    with _hook_lock:
+        if not _grid_hooked:
+            call, set_grid_dim = executor.__call__, builder.set_grid_dim
+
+            def launch(self, *args, **kwargs):
+                _launching.fn = self.fn
+                return call(self, *args, **kwargs)
+
+            def grid(nx, ny, nz):
+                for got in _launch_lists:
+                    got.append((getattr(_launching, "fn", None), nx * ny * nz))
+                return set_grid_dim(nx, ny, nz)
+
+            executor.__call__, builder.set_grid_dim = launch, grid
+            _grid_hooked = True
+    return True
+
+
+@contextlib.contextmanager
+def launches():
+    """Yields a list that, when the block ends, holds (kernel function, programs run) for every
+    kernel the Triton interpreter launched during the block; nothing on a GPU."""
+    got: list = []
+    hooked = _hook_grids()
+    if hooked:
+        _launch_lists.append(got)
+    try:
+        yield got
+    finally:
+        if hooked:
+            _launch_lists.remove(got)
+
+
+@functools.lru_cache(maxsize=None)
+def undefined_names(fn) -> tuple[tuple[str, int], ...]:
+    """(name, line) of each global a kernel's code reads that neither its module nor the builtins
+    define: Triton's compiler refuses such a kernel, whether or not the line would run."""
+    out, codes = [], [getattr(fn, "__code__", None)]
+    scope = getattr(fn, "__globals__", {})
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval not in scope \
+                    and not hasattr(builtins, ins.argval):
+                out.append((ins.argval, ins.positions.lineno if ins.positions else code.co_firstlineno))
+        codes += [c for c in code.co_consts if hasattr(c, "co_code")]
+    return tuple(dict.fromkeys(out))

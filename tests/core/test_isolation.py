@@ -55,6 +55,17 @@ def build_exits(inp, params, device):
     return _counting(inp, params, lambda: sys.exit(5))
 
 
+@COUNT.variant("osexit", doc="calls os._exit(0) in its launch")
+def build_osexit(inp, params, device):
+    return _counting(inp, params, lambda: os._exit(0))
+
+
+@COUNT.variant("typo", doc="reads a parameter the family does not have")
+def build_typo(inp, params, device):
+    start = params["local_start"]
+    return _counting(inp, params, lambda: None)
+
+
 @COUNT.variant("segv", doc="a segfault at launch")
 def build_segv(inp, params, device):
     return _counting(inp, params, lambda: os.kill(os.getpid(), signal.SIGSEGV))
@@ -258,6 +269,47 @@ def test_sys_exit_in_a_launch_fails_that_case_only(tmp_path):
     got = by_variant(tmp_path, "ex")
     assert all(x["status"] == "error" and "sys.exit(5)" in x["error"] for x in got["exits"])
     assert_exact(got["persistent"])
+
+
+def test_os_exit_in_a_launch_fails_that_case_only(tmp_path):
+    """Before: the run ended with exit code 0, no files and no message."""
+    r = moebench("sweep", count_spec(tmp_path, "osx", ["osexit", "persistent"]), "--out", tmp_path)
+    assert r.returncode == 1, r.stderr
+    got = by_variant(tmp_path, "osx")
+    for x in got["osexit"]:
+        assert x["status"] == "error" and "called os._exit(0)" in x["error"], x["error"]
+        assert f"(at {tmp_path / 'bad.py'}:" in x["error"]  # the plugin's line that called it
+    assert_exact(got["persistent"])
+
+
+def test_a_plugin_error_names_its_file_and_line_and_v_keeps_the_traceback(tmp_path):
+    """Before: 'KeyError: 'local_start'' named no file or line, even with -v."""
+    spec = count_spec(tmp_path, "typo", ["typo", "persistent"], tokens=(30,))
+    line = next(i for i, t in enumerate(BAD_PLUGIN.splitlines(), 1) if 'params["local_start"]' in t)
+    for verbose in ([], ["-v"]):
+        r = moebench(*verbose, "sweep", spec, "--out", tmp_path / str(len(verbose)))
+        assert r.returncode == 1, r.stderr
+        (x,) = by_variant(tmp_path / str(len(verbose)), "typo")["typo"]
+        first, *rest = x["error"].splitlines()
+        assert first == f"KeyError: 'local_start' (at {tmp_path / 'bad.py'}:{line})", first
+        assert f"(at {tmp_path / 'bad.py'}:{line})" in r.stdout + r.stderr  # the failures table says where
+        assert bool(rest) == bool(verbose) and (not verbose or "Traceback" in rest[0])
+
+
+@pytest.mark.parametrize("body, says", [
+    ("import os\nos._exit(0)\n", "bad_import.py:2: the plugin called os._exit(0) while loading"),
+    ("raise KeyboardInterrupt\n", "bad_import.py:1: the plugin raised KeyboardInterrupt while loading"),
+])
+def test_an_exit_or_an_interrupt_raised_by_a_plugin_import_is_a_usage_error(tmp_path, body, says):
+    """Before: os._exit(0) at import gave exit 0 with no message and no files; a KeyboardInterrupt
+    raised there (no Ctrl-C arrived) a silent exit 130."""
+    (tmp_path / "bad_import.py").write_text(body)
+    r = moebench("sweep", count_spec(tmp_path, "imp", ["persistent"]), "--plugin", tmp_path / "bad_import.py",
+                 "--out", tmp_path / "out")
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "Traceback" not in line, r.stderr
+    assert says in line and str(tmp_path / "bad_import.py") in line
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("isolate", [False, True], ids=["here", "isolated"])
