@@ -61,7 +61,7 @@ def merge(
             raise UsageError(f"-o: {dest / f'{stem}.{suffix}'} is one of the inputs; write the merge elsewhere")
     prov = m.provenance
     spec = m.spec
-    host_only = bool(spec.family.host_only)
+    host_only = prov.get("device", {}).get("backend") == "host"  # what the files say: no kernel launched
     md = None
     if "md" in fmts:
         timed = bool(prov.get("timed"))

@@ -121,28 +121,6 @@ def interpreter_without_discarded_checks() -> bool:
     return tritonpatch.enabled("no_overflow_checks") and tritonpatch.skip_overflow_checks()
 
 
-# Vendor datasheet DRAM bandwidth (bytes read + written per second) by device name, to read a
-# measured copy ceiling against. A lead, not a measurement: the GPU tests check that the measured
-# ceiling lands within 70-100% of it.
-DATASHEET_DRAM_GBPS = {
-    "H200": 4800.0,
-    "H100 SXM": 3350.0,
-    "H100 80GB HBM3": 3350.0,
-    "H100 PCIe": 2000.0,
-    "H100 NVL": 3900.0,
-    "GH200": 4000.0,
-    "B200": 8000.0,
-    "A100-SXM4-80GB": 2039.0,
-    "A100-SXM4-40GB": 1555.0,
-}
-
-
-def datasheet_dram_gbps(name: str) -> float | None:
-    """The datasheet bandwidth of a device by its name (longest matching key), or None."""
-    hits = [k for k in DATASHEET_DRAM_GBPS if k.lower() in name.lower()]
-    return DATASHEET_DRAM_GBPS[max(hits, key=len)] if hits else None
-
-
 # The interpreter's stand-in machine: kernels are checked as if on a 132-SM GPU (an H200), so
 # persistent grids have the same shape they will have there.
 INTERPRET_SMS = 132

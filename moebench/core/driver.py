@@ -162,7 +162,7 @@ class Driver:
         cases = list(cases)
         done = dict(done or {})
         todo = [c for c in cases if c.id not in done]
-        if not self.opts.time_it and not spec.family.host_only:
+        if not self.opts.time_it:
             todo = shape_major(todo, spec.family.shape_params)
         records = [done[c.id] for c in cases if c.id in done]
         t0 = self.clock()
@@ -220,13 +220,13 @@ class Driver:
         shape's inputs in parallel before its first case, where they fit in memory together."""
         pipe, fam = self.pipeline, self.spec.family
         n = len(cases)
-        untimed = not self.opts.time_it and not fam.host_only
+        untimed = not self.opts.time_it
         last = {}
         if untimed:
             for i, c in enumerate(cases):
                 last[shape_key(c, fam.shape_params)] = i
         ahead = None
-        if prefetch_workers(self.environ) and not fam.host_only and (untimed or prebuild_fits(pipe, cases)):
+        if pipe.impl is not None and prefetch_workers(self.environ) and (untimed or prebuild_fits(pipe, cases)):
             ahead = _Ahead(pipe, cases)
             if not untimed:
                 with pipe._phase("inputs + reference (built before timing, in parallel)"):

@@ -27,7 +27,7 @@ PREFETCH_MAX_WORKERS = 8
 PREFETCH_DEPTH_PER_WORKER = 2
 # A timed run builds every shape's input sets before its first case, in parallel, when they fit
 # together in this much memory (4 GiB, and a quarter of what is free): count-block's take 16 MiB,
-# act-grid's about 1 GiB. Otherwise each shape is built when its first case comes, as before.
+# act-grid's about 1 GiB. Otherwise each shape is built when its first case comes.
 PREBUILD_MAX_BYTES = 4 << 30
 PREBUILD_FREE_SHARE = 0.25
 

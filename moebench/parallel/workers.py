@@ -19,7 +19,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence, TYPE_CHECKING
 
 from moebench.core import device as dev
@@ -104,9 +103,8 @@ def isolated(spec: Spec, opts: "Options", backend: str):
         return pool(spec, [0], opts, isolate=True)
 
     def run(cases: Sequence[Case], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator[Record]:
-        return _run_workers(spec.path, cases, ["isolated"], True, opts=opts, sweep=spec.name,
-                            spec_sha256=spec.sha256, labels=["CPU (isolated)"], passes=passes, environ=environ,
-                            respawn=True)
+        return _run_workers(spec, cases, ["isolated"], True, opts=opts, labels=["CPU (isolated)"], passes=passes,
+                            environ=environ, respawn=True)
 
     return run
 
@@ -134,9 +132,8 @@ def run_on_devices(spec: Spec, cases: Sequence[Case], devices: Sequence[int], *,
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = [e.strip() for e in visible.split(",")] if visible is not None else None
     keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
-    yield from _run_workers(spec.path, cases, keys, interpret=False, opts=opts, sweep=spec.name,
-                            spec_sha256=spec.sha256, labels=[f"GPU {d}" for d in devices], passes=passes,
-                            environ=environ, respawn=respawn)
+    yield from _run_workers(spec, cases, keys, interpret=False, opts=opts, labels=[f"GPU {d}" for d in devices],
+                            passes=passes, environ=environ, respawn=respawn)
 
 
 @dataclass
@@ -157,9 +154,8 @@ class _Worker:
     notes: list[str] = field(default_factory=list)
 
 
-def _run_workers(spec_path: str | Path, cases: Sequence[Case], worker_keys: Sequence[str], interpret: bool, *,
-                 opts: "Options", sweep: str | None = None, spec_sha256: str | None = None,
-                 labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
+def _run_workers(spec: Spec, cases: Sequence[Case], worker_keys: Sequence[str], interpret: bool, *,
+                 opts: "Options", labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
                  environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
     """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
 
@@ -179,9 +175,6 @@ def _run_workers(spec_path: str | Path, cases: Sequence[Case], worker_keys: Sequ
         return
     if not worker_keys:
         raise UsageError("--devices: no devices to run on")
-    if sweep is None or spec_sha256 is None:
-        spec = load_spec(str(spec_path))
-        sweep, spec_sha256 = sweep or spec.name, spec_sha256 or spec.sha256
     labels = list(labels) if labels is not None else [f"{'CPU' if interpret else 'GPU'} {k}" for k in worker_keys]
     by_id = {c.id: c for c in cases}
     pending = deque(c.id for c in cases)
@@ -192,7 +185,7 @@ def _run_workers(spec_path: str | Path, cases: Sequence[Case], worker_keys: Sequ
 
     def dead_record(cid: str, why: str) -> Record:
         c = by_id[cid]
-        return Record(sweep, c.family, c.id, c.variant, c.label, "error", error=why, params=dict(c.params))
+        return Record(spec.name, c.family, c.id, c.variant, c.label, "error", error=why, params=dict(c.params))
 
     def dispatch(w: _Worker) -> None:
         """Hand the worker its next case, or tell it to stop when none is left."""
@@ -228,7 +221,7 @@ def _run_workers(spec_path: str | Path, cases: Sequence[Case], worker_keys: Sequ
     def start(key: str, label: str) -> None:
         parent_end, child_end = ctx.Pipe(duplex=True)
         p = ctx.Process(target=_worker_main, name=f"moebench-{label.replace(' ', '')}", daemon=True,
-                        args=(str(key), interpret, str(spec_path), spec_sha256, payload, child_end))
+                        args=(str(key), interpret, str(spec.path), spec.sha256, payload, child_end))
         p.start()
         child_end.close()
         workers.append(_Worker(label, p, parent_end, key=str(key)))

@@ -55,13 +55,6 @@ def test_number_reads_units_and_blanks():
     assert K.number("n/a", "%") is None and K.number("", "") is None and K.number("x", "") is None
 
 
-def test_parse_the_raw_page_layout():
-    text = ('==PROF== Connected\n"ID","Kernel Name","Grid Size","Block Size","gpu__time_duration.sum",'
-            '"launch__grid_size"\n"","","","","ns",""\n"0","k","(4, 1, 1)","(128, 1, 1)","2,048","4"\n')
-    (k,) = K.parse_ncu_csv(text)
-    assert k.name == "k" and k.get("gpu__time_duration.sum") == 2048 and k.get("launch__grid_size") == 4
-
-
 def test_no_header_no_kernels():
     assert K.parse_ncu_csv("==ERROR== something\n") == []
 

@@ -406,7 +406,7 @@ def test_the_watchdog_kills_a_child_deaf_to_the_case_limit(tmp_path, monkeypatch
     cases = [c for c in expand(spec) if c.variant == "deaf" or c.params["tokens"] == 30][:3]
     monkeypatch.setattr(workers, "WATCHDOG_GRACE_S", 0.5)
     opts = Options(timing=spec.timing, time_it=False, case_limit_s=1.0)
-    recs = list(workers._run_workers(spec.path, cases, ["iso"], True, opts=opts, respawn=True))
+    recs = list(workers._run_workers(spec, cases, ["iso"], True, opts=opts, respawn=True))
     got = {r.case_id: r for r in recs}
     assert sorted(got) == sorted(c.id for c in cases)
     for c in cases:

@@ -2,6 +2,7 @@
 cost-balanced split, the worker pool (two interpreter workers standing in for two GPUs, one of
 them dying), and `moebench merge` of shard files from real sweeps."""
 
+import dataclasses
 import json
 import os
 import re
@@ -218,8 +219,8 @@ def test_run_on_devices_pins_the_physical_gpu(monkeypatch):
     """Indices are as this process sees them: inside CUDA_VISIBLE_DEVICES=3,5, GPU 1 is physical 5."""
     seen = {}
 
-    def fake(spec_path, cases, keys, interpret, **kw):
-        seen.update(keys=list(keys), interpret=interpret, **kw)
+    def fake(spec, cases, keys, interpret, **kw):
+        seen.update(spec=spec, keys=list(keys), interpret=interpret, **kw)
         return iter(())
 
     monkeypatch.setattr(workers, "_run_workers", fake)
@@ -229,7 +230,7 @@ def test_run_on_devices_pins_the_physical_gpu(monkeypatch):
     spec = load_spec("count-block")
     list(workers.run_on_devices(spec, [], [1, 0], opts=Options(timing=spec.timing)))
     assert seen["keys"] == ["5", "3"] and seen["labels"] == ["GPU 1", "GPU 0"] and seen["interpret"] is False
-    assert seen["spec_sha256"] == spec.sha256
+    assert seen["spec"] is spec
 
 
 # ============================================================================ the worker pool, on the CPU
@@ -260,7 +261,7 @@ def _same(a, b):
 def test_two_workers_match_a_single_process_run(tiny):
     spec, cases, opts, single = tiny
     assert len(cases) == 12
-    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts))
+    recs = list(workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts))
     assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)  # each case exactly once
     for r in recs:
         assert r.status == "ok", r.error
@@ -328,7 +329,7 @@ def test_a_dying_worker_costs_its_case_only(tmp_path, monkeypatch):
     spec, cases, opts = _crashing(tmp_path, monkeypatch, "dies")
     victim = next(c for c in cases if c.variant == "dies" and c.params["tokens"] == 5
                   and c.params["block_size"] == 256).id
-    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts))
+    recs = list(workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts))
     assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
     dead = [r for r in recs if r.case_id == victim]
     assert dead[0].status == "error" and dead[0].params == next(c.params for c in cases if c.id == victim)
@@ -342,7 +343,7 @@ def test_a_worker_leaves_after_a_sticky_cuda_error(tmp_path, monkeypatch, capsys
     spec, cases, opts = _crashing(tmp_path, monkeypatch, "sticky")
     victim = next(c for c in cases if c.variant == "sticky" and c.params["tokens"] == 0
                   and c.params["block_size"] == 64).id
-    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts))
+    recs = list(workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts))
     assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
     by = {r.case_id: r for r in recs}
     fault = "RuntimeError: CUDA error: an illegal memory access was encountered"
@@ -357,7 +358,7 @@ def test_closing_the_pool_stops_its_workers(tiny):
     import multiprocessing as mp
 
     spec, cases, opts, _ = tiny
-    gen = workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts)
+    gen = workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts)
     first = next(gen)
     assert first.case_id in {c.id for c in cases}
     gen.close()
@@ -367,7 +368,7 @@ def test_closing_the_pool_stops_its_workers(tiny):
 def test_no_worker_starts(tiny, capsys):
     spec, cases, opts, _ = tiny
     with pytest.raises(BackendError) as e:
-        list(workers._run_workers(spec.path, cases, ["w0"], True, opts=opts, sweep="tiny", spec_sha256="0" * 64))
+        list(workers._run_workers(dataclasses.replace(spec, sha256="0" * 64), cases, ["w0"], True, opts=opts))
     assert str(e.value).startswith("no worker started: CPU w0: UsageError: ")
     assert "changed since the sweep started" in str(e.value)
 
@@ -507,7 +508,7 @@ def test_passes_run_inside_two_workers_and_the_summary_lists_what_ran(tiny, monk
 
     def two_devices(cases, passes, environ):
         sent.append([p.name for p in passes])
-        return workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
+        return workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
 
     summary = list(Driver(spec, detect(True), opts, workers=two_devices, environ=dict(os.environ)).run(cases))[-1]
     assert sent == [["echo"]]  # only the per-case pass travels to the workers
@@ -568,7 +569,7 @@ def test_a_pass_a_plugin_registers_runs_inside_two_workers(tiny, tmp_path, monke
     opts = Options(timing=spec.timing, time_it=False, cross=("stamp", "count-records"))
 
     def two_devices(cases, passes, environ):
-        return workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
+        return workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
 
     summary = list(Driver(spec, detect(True), opts, workers=two_devices, environ=dict(os.environ)).run(cases))[-1]
     assert summary.complete and summary.passes == ["stamp", "count-records"]
