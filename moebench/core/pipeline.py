@@ -12,9 +12,14 @@ kernel not installed here) is recorded as `unavailable` with what to install.
 A bad variant fails only its own cases: the variants of a shape share its input sets, so set 0 is
 copied as built (`_Pristine`) and put back before each variant, and a variant that wrote outside its
 output (the poisoned guard cells) or into an input fails with that said, while the others pass. A
-`sys.exit()` in a builder, launch or input builder is that case's error. A background input build
-still running at the case limit is left behind (moebench.core.prefetch), so neither the next shape
-nor the end of the run waits for it. A crash of the process itself is the driver's business (`--isolate`).
+`sys.exit()` or `os._exit()` in a builder, launch or input builder is that case's error, and a
+plugin's error names its FILE:LINE. A background input build still running at the case limit is
+left behind (moebench.core.prefetch), so neither the next shape nor the end of the run waits for
+it. A crash of the process itself is the driver's business (`--isolate`).
+
+Under the interpreter a check can pass without proving anything: a kernel whose code names
+something undefined fails the case (a GPU would not compile it), and a checked launch that ran no
+program of its kernels is `vacuous` (a mismatch), not exact.
 
 Each launch value is resolved once per case, in `resolve`: the spec's value, a kill-switch variable
 (MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) read from the injected `environ` or its

@@ -424,7 +424,7 @@ def launches():
     """Yields a list that, when the block ends, holds (kernel function, programs run) for every
     kernel the Triton interpreter launched during the block; nothing on a GPU."""
     got: list = []
-    hooked = _hook_grids()
+    hooked = os.environ.get("TRITON_INTERPRET") == "1" and _hook_grids()
     if hooked:
         _launch_lists.append(got)
     try:
