@@ -2,26 +2,23 @@
 
 A family is one folder, ``moebench/families/<name>/``:
 
-- ``__init__.py`` (torch-free): ``FAMILY = FamilySpec(...)``: its parameters, cross-parameter
-  rules, default pivot, plot preset and sharding cost estimate. A built-in family's sections of
-  the results pages live above it, in moebench.report.sections; a plugin family may pass its own
-  (``sections=``, ``ab_sections=``).
+- ``__init__.py`` (torch-free): ``FAMILY = FamilySpec(...)``: its parameters, its variants
+  (``variants=(VariantSpec(name, doc, params, env, ...), ...)``: what each is, what it reads),
+  cross-parameter rules, default pivot, plot preset and sharding cost estimate. A built-in
+  family's sections of the results pages live above it, in moebench.report.sections; a plugin
+  family may pass its own (``sections=``, ``ab_sections=``).
+- ``kernels.py``: Triton kernels -> launchers -> torch reference -> input builder -> builders,
+  each bound to the variants it builds by ``@FAMILY.builds(name, ...)``.
 
 This module is core: it knows no family. It finds the built-in ones by package name
-(``moebench.families``, every sub-package) when the catalogue is first asked for.
-- ``kernels.py``: Triton kernels -> launchers -> torch reference -> input builder -> variants.
-  A variant is declared once, by ``@FAMILY.variant(...)`` on its builder.
+(``moebench.families``, every sub-package) when the catalogue is first asked for. The catalogue
+knows every variant without importing torch; importing ``kernels.py`` (when a sweep runs) attaches
+the builders. A family whose package fails breaks only itself: the catalogue leaves it out,
+``broken()`` names it with its FILE:LINE error (``list`` shows it), and using it is a usage error.
 
-The torch-free side knows every variant's name, doc and parameters without importing torch: it
-reads the ``@FAMILY.variant(...)`` decorators of ``kernels.py`` from the source text (arguments:
-literals, or module-level names assigned literals earlier in the file). Importing ``kernels.py``
-(when a sweep runs) attaches the builders; a declaration the source text and the running module
-disagree on is an error, and a test checks every family both ways. A family whose package or
-declarations fail breaks only itself: the catalogue leaves it out, ``broken()`` names it with its
-FILE:LINE error (``list`` shows it), and using it is a usage error.
-
-A plugin (``--plugin FILE.py``, a spec's ``plugins:``, the ``moebench.plugins`` entry points) uses
-the same calls: ``get_family("count").variant(...)`` adds a variant to a built-in family, and
+A plugin (``--plugin FILE.py``, a spec's ``plugins:``, the ``moebench.plugins`` entry points)
+declares and builds a variant in one call, ``@get_family("count").variant(name, doc=...,
+params=...)`` on its builder, adding it to a built-in family, and
 ``register_family(FamilySpec(...))`` adds a whole family (moebench.sources.plugins).
 
 A *parameter* is a shape parameter (``role="shape"``: it decides the inputs, and variants that
@@ -31,12 +28,10 @@ cap, warps; it only changes how the same work is launched).
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import inspect
 import pkgutil
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,11 +152,12 @@ class Preset:
 
 
 class FamilySpec:
-    """A kernel family's declarations. Built-in families read their variants from the decorators
-    in their kernels.py (`package` names the family's package); plugins register variants as
-    their file runs."""
+    """A kernel family's declarations. A built-in family declares its variants here (`variants`)
+    and its kernels module (`package`.kernels) binds their builders; a plugin registers a variant
+    and its builder at once (`variant`) as its file runs."""
 
     def __init__(self, *, name: str, doc: str, params: dict[str, Param], package: str | None = None,
+                 variants: tuple["VariantSpec", ...] = (),
                  rules: tuple[tuple[str, str], ...] = (), host_only: bool = False,
                  default_pivot: dict | None = None, plot: Preset | None = None,
                  cost: Callable[[dict], int] | None = None, sections: Callable[[list], str] | None = None,
@@ -200,12 +196,11 @@ class FamilySpec:
         self.origin = origin
         # the module with the kernels, reference, inputs and variants: a built-in family's
         # kernels.py, or a plugin's own module
-        self.package = package
         self.kernels = f"{package}.kernels" if package else kernels
         self.variants: dict[str, VariantSpec] = {}
-        if package:
-            for v in declared_variants(Path(sys.modules[package].__file__).with_name("kernels.py"), self):
-                self.variants[v.name] = v
+        for v in variants:
+            self._check_declaration(v)
+            self.variants[v.name] = v
 
     def __repr__(self) -> str:
         return f"FamilySpec({self.name!r}, variants={list(self.variants)})"
@@ -226,41 +221,51 @@ class FamilySpec:
         "builtin", or "plugin FILE" while a plugin file registers it. `work(params, geometry,
         device) -> dict` is the variant's own work model (bytes moved, ctas, ctas_with_work, ...:
         what its floors are read against); without one the family's `work` stands for it."""
-        given = source
         if work is not None and not callable(work):
             raise TypeError(f"variant {name!r} of {self.name!r}: work= must be a function work(params, geometry, "
                             f"device) -> dict, got {show(work)}")
-        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source or "builtin", tuple(twins), work=work)
-        for p in declared.launch_params:
-            if p not in self.params or self.params[p].role != "launch":
-                raise ValueError(f"variant {name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
-                                 f"family ({', '.join(self.launch_params) or 'none'})")
+        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source or current_source() or "builtin",
+                               tuple(twins), work=work)
+        self._check_declaration(declared)
 
         def register(fn: Callable) -> Callable:
-            # a built-in family's own kernels module is built in, even when a plugin being loaded
-            # is what imported it
-            if given is None and not (self.package and getattr(fn, "__module__", None) == self.kernels):
-                declared.source = current_source() or "builtin"
             problem = self.builder_problem(fn)
             if problem:
                 raise TypeError(f"variant {name!r} of {self.name!r}: {problem}")
             have = self.variants.get(name)
-            if have is not None and have.builder is None and have.source == declared.source:
-                if have != declared:  # the source text and the running module disagree
-                    raise ValueError(f"variant {name!r} of {self.name!r}: its declaration in {self.kernels} differs "
-                                     "from what the source text says (decorator arguments must be literals)")
-                have.builder = fn
-            elif have is not None and have.builder is not fn:
+            if have is not None and have.builder is not fn:
                 raise ValueError(f"variant {name!r} of family {self.name!r} is registered twice "
                                  f"({have.source} and {declared.source}); give the new one another name")
-            elif have is not None:
-                return fn
-            else:
+            if have is None:
                 declared.builder = fn
                 self.variants[name] = declared
             return fn
 
         return register
+
+    def builds(self, *names: str):
+        """Decorator: `fn` builds the variants `names`, which the family declares (a built-in
+        family's kernels module binds its builders this way)."""
+
+        def bind(fn: Callable) -> Callable:
+            problem = self.builder_problem(fn)
+            for n in names:
+                v = self.variants.get(n)
+                if v is None:
+                    raise ValueError(f"{getattr(fn, '__name__', fn)} builds variant {n!r}, which family "
+                                     f"{self.name!r} does not declare ({', '.join(self.variants) or 'none'})")
+                if problem:
+                    raise TypeError(f"variant {n!r} of {self.name!r}: {problem}")
+                v.builder = fn
+            return fn
+
+        return bind
+
+    def _check_declaration(self, v: "VariantSpec") -> None:
+        for p in v.launch_params:
+            if p not in self.params or self.params[p].role != "launch":
+                raise ValueError(f"variant {v.name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
+                                 f"family ({', '.join(self.launch_params) or 'none'})")
 
     def builder_problem(self, fn: Callable) -> str | None:
         """Why the session could not call `fn` as this family's builder, or None: a kernel family
@@ -371,135 +376,6 @@ def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -
     return value, f"${var}"
 
 
-class DeclarationError(ValueError):
-    """A ``@variant(...)`` declaration the catalogue cannot read: the message starts with FILE:LINE."""
-
-
-class _Unknown:
-    """A module-level name whose value the source text does not give (and why)."""
-
-    def __init__(self, why: str):
-        self.why = why
-
-
-_NOT_LITERAL = ("is not a literal, a module-level name bound to one, a tuple or list of those (with *NAME), or a + "
-                "of them")
-
-
-def _literal(node: ast.AST, names: dict[str, Any]) -> Any:
-    """The value of a declaration argument, from the text alone: literals, names bound earlier at
-    module level to such values, tuples/lists/sets/dicts of them (``(*BASE, "x")`` too), ``a + b``
-    and a sign on a number. Raises ValueError saying why not."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        if node.id not in names:
-            raise ValueError(f"name {node.id} is not assigned at module level before this line")
-        v = names[node.id]
-        if isinstance(v, _Unknown):
-            raise ValueError(f"name {node.id} {v.why}")
-        return v
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        items: list = []
-        for e in node.elts:
-            if isinstance(e, ast.Starred):
-                inner = _literal(e.value, names)
-                if not isinstance(inner, (tuple, list)):
-                    raise ValueError(f"`{ast.unparse(e)}`: {show(inner)} is not a tuple or list")
-                items.extend(inner)
-            else:
-                items.append(_literal(e, names))
-        return tuple(items) if isinstance(node, ast.Tuple) else set(items) if isinstance(node, ast.Set) else items
-    if isinstance(node, ast.Dict) and None not in node.keys:
-        return {_literal(k, names): _literal(v, names) for k, v in zip(node.keys, node.values)}
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        try:
-            return _literal(node.left, names) + _literal(node.right, names)
-        except TypeError as e:
-            raise ValueError(f"`{ast.unparse(node)}`: {e}") from None
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal(node.operand, names)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return -v if isinstance(node.op, ast.USub) else v
-    raise ValueError(f"`{ast.unparse(node)}` {_NOT_LITERAL}")
-
-
-def _bind(stmt: ast.stmt, names: dict[str, Any]) -> None:
-    """Track what a top-level statement binds: a plain assignment's value where the text gives it,
-    else why it does not."""
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        try:
-            value: Any = _literal(stmt.value, names)
-        except ValueError as e:
-            value = _Unknown(f"is assigned at line {stmt.lineno} from something the text does not give ({e})")
-        for t in targets:
-            if isinstance(t, ast.Name):
-                names[t.id] = value
-            else:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name):
-                        names[n.id] = _Unknown(f"is unpacked at line {stmt.lineno}; assign it a literal on its own")
-        return
-    what = {ast.Import: "imported", ast.ImportFrom: "imported", ast.FunctionDef: "a function",
-            ast.AsyncFunctionDef: "a function", ast.ClassDef: "a class", ast.AugAssign: "changed in place"}.get(type(stmt), "assigned inside a block")
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        bound = [(a.asname or a.name).split(".")[0] for a in stmt.names]
-    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        bound = [stmt.name]
-    else:
-        bound = [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-    for name in bound:
-        names[name] = _Unknown(f"is {what} at line {stmt.lineno} (the catalogue reads the text, it does not run it)")
-
-
-def declared_variants(path: Path, family: FamilySpec) -> list[VariantSpec]:
-    """The ``@FAMILY.variant(name, doc=..., params=..., env=..., source=...)`` declarations of a
-    kernels module, read from its source text in file order (no import, so no torch). An argument
-    may be a literal or a module-level name assigned one earlier in the file (``PARAMS = ("grid",
-    "num_warps")`` shared by several declarations); anything else is a DeclarationError naming the
-    file and line."""
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except SyntaxError as e:
-        raise DeclarationError(f"{path}:{e.lineno}: SyntaxError: {e.msg}") from None
-    except OSError as e:
-        raise DeclarationError(f"{path}: cannot read: {e.strerror or e}") from None
-    out: list[VariantSpec] = []
-    names: dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for dec in node.decorator_list:
-                if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == "variant":
-                    out.append(_declaration(path, dec, names))
-        _bind(node, names)
-    return out
-
-
-def _declaration(path: Path, dec: ast.Call, names: dict[str, Any]) -> VariantSpec:
-    where = f"{path}:{dec.lineno}: @variant"
-    try:
-        args = [_literal(a, names) for a in dec.args]
-    except ValueError as e:
-        raise DeclarationError(f"{where} argument: {e}") from None
-    kw: dict[str, Any] = {}
-    for k in dec.keywords:
-        if k.arg is None:
-            raise DeclarationError(f"{where}: **{ast.unparse(k.value)}: name each argument "
-                                   "(name, doc=, params=, env=, source=, twins=)")
-        try:
-            kw[k.arg] = _literal(k.value, names)
-        except ValueError as e:
-            raise DeclarationError(f"{where} {k.arg}=: {e}") from None
-    try:
-        kw["params"] = tuple(kw.get("params", ()))
-        kw["twins"] = tuple(kw.get("twins", ()))
-        kw["env"] = {k: tuple(v) for k, v in (kw.get("env") or {}).items()}
-        return VariantSpec(*args, **kw)
-    except (TypeError, ValueError, AttributeError) as e:
-        raise DeclarationError(f"{where}: {e}") from None
-
-
 # ----------------------------------------------------------------------------------- the contract
 
 
@@ -600,8 +476,6 @@ def broken() -> dict[str, str]:
 def _load_error(e: BaseException, folder: Path) -> str:
     """An error from importing a family's package as one line, naming the file and line in that
     family's folder (or the deepest line in moebench) where it went wrong."""
-    if isinstance(e, DeclarationError):
-        return str(e).splitlines()[0]
     if isinstance(e, SyntaxError) and e.filename:
         return f"{e.filename}:{e.lineno}: SyntaxError: {e.msg}"
     frames = traceback.extract_tb(e.__traceback__)

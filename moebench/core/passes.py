@@ -43,15 +43,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
-
-from moebench.core import counters, timing
+from moebench.core import counters
 from moebench.core.placements import group_medians
 from moebench.core.records import Record
 from moebench.core.stats import mean
 from moebench.core.text import one_line
 from moebench.errors import UsageError
 from moebench.sources import plugins
+
+
+def _timing():
+    """moebench.core.timing (torch and triton), imported when a pass first runs: the driver imports
+    this module for every run, a host-only family's too, which imports no torch."""
+    from moebench.core import timing
+
+    return timing
 
 
 @dataclass
@@ -166,7 +172,7 @@ class DoBench(Pass):
                 f()
 
         try:
-            v = timing.dobench_cudagraph_us(all_sets) / len(fns)
+            v = _timing().dobench_cudagraph_us(all_sets) / len(fns)
             # against the same placements: with placement groups, group 0's median
             mine = group_medians(rec)[0]
             rec.cross["dobench_us"] = round(v, 4)
@@ -192,7 +198,7 @@ class Nvbench(Pass):
         self.kept: dict[str, dict] = {}  # case id -> timed graphs and what they read
 
     def unavailable(self) -> str | None:
-        why = timing.nvbench_unavailable()
+        why = _timing().nvbench_unavailable()
         if why:
             return (f"--cross-check nvbench: cuda.bench is not importable here ({why}); install it with "
                     "pip install 'moebench[nvbench]' (the cuda-bench wheel, and a cuda-bindings of your CUDA major)")
@@ -205,10 +211,11 @@ class Nvbench(Pass):
     def after_all(self, ctx: AfterAll) -> None:
         todo = [(r, self.kept[r.case_id]) for r in ctx.records
                 if r.status == "ok" and r.timing.get("median_us") is not None and r.case_id in self.kept]
+        timing = _timing()
         items = [timing.NvbenchItem(lambda gs=k["graphs"]: [g.replay() for g in gs], k["launches"] * len(k["graphs"]))
                  for _, k in todo]
         try:
-            results = timing.nvbench_graphs(items, torch.cuda.current_device()) if items else []
+            results = timing.nvbench_graphs(items, timing.torch.cuda.current_device()) if items else []
         except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timings stand
             for rec, _ in todo:
                 rec.cross["cross_error"] = f"nvbench: {one_line(e)}"
@@ -265,7 +272,7 @@ class Profiler(Pass):
                     mine = rec.timing["median_us"]
                 else:  # against the same placements: with placement groups, group 0's median
                     mine = group_medians(rec)[0]
-                v = timing.profiler_kernel_us(fns, pipe.launches_per_graph(case))
+                v = _timing().profiler_kernel_us(fns, pipe.launches_per_graph(case))
                 if v is not None:
                     rec.cross["kernel_us"] = round(v, 4)
                     rec.cross["node_gap_us"] = round(mine - v, 4)

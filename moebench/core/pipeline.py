@@ -42,8 +42,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-import torch
-
 from moebench.core.cases import Case, baseline_case, shape_key
 from moebench.core.device import DeviceInfo, interpreter_without_discarded_checks
 from moebench.core.family import Check
@@ -107,6 +105,14 @@ def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ
     for v in spec.family.variants.values():
         if v.env and v.name not in seen and cases:
             spec.family.resolve(v.name, dict(cases[0].params), device, environ)
+
+
+def _torch():
+    """torch, imported when a case first needs it: the run driver also runs host-only families,
+    whose runs import no torch."""
+    import torch
+
+    return torch
 
 
 class CaseTimeLimit(Exception):
@@ -303,7 +309,7 @@ class CasePipeline:
         per = self.impl.input_bytes(case.params)
         need = per * n_sets + min(per, PRISTINE_MAX_BYTES)  # and the copy of set 0 as built (_Pristine)
         if self.torch_device == "cuda":
-            free, _ = torch.cuda.mem_get_info()
+            free, _ = _torch().cuda.mem_get_info()
             where = self.device.name
         else:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -339,7 +345,7 @@ class CasePipeline:
 
     def _sync(self) -> None:
         if self.torch_device == "cuda":
-            torch.cuda.synchronize()
+            _torch().cuda.synchronize()
 
     def _first_launch(self, built) -> float | None:
         """Reset and run once: the launch whose output is checked, and the one that compiles a new
@@ -409,7 +415,7 @@ class CasePipeline:
             with self._phase("baseline launch"):
                 base = self.baseline_output(case, inp)
             with self._phase("check"):
-                rec.checks["baseline_equal"] = bool(torch.equal(mine, base))
+                rec.checks["baseline_equal"] = bool(_torch().equal(mine, base))
         elif inexact:
             rec.checks["baseline_equal"] = None
             rec.checks["baseline_skipped"] = inexact
@@ -486,7 +492,7 @@ class CasePipeline:
 def _tensors(obj, name: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
     """(field name, tensor) for every tensor an input set holds: its dataclass fields or attributes,
     and the items of its lists, tuples and dicts, three levels down."""
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, _torch().Tensor):
         yield name or "inputs", obj
         return
     if depth > 3 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
@@ -509,6 +515,7 @@ class _Pristine:
     `restore` puts them back; `damage` says what a launch changed besides its output."""
 
     def __init__(self, inp, budget: int):
+        torch = _torch()
         storages: dict[tuple, tuple[Any, list[str]]] = {}
         for name, t in _tensors(inp):
             st = t.untyped_storage()
@@ -532,6 +539,7 @@ class _Pristine:
         `workspace` fields (tensors its launches write besides the output, e.g. the layer's
         scratch): bytes of the output's buffer around it (its guard cells), and other storages
         (the variant's inputs). "" when nothing did."""
+        torch = _torch()
         outs = {}  # storage pointer -> (first byte, end byte) the output may write
         for _, t in _tensors(output):
             st = t.untyped_storage()

@@ -11,7 +11,7 @@ against.
 - `floors` and `occupancy`: a timed record's copy-ceiling and empty-kernel floors, and the
   arithmetic occupancy of its launch.
 
-Torch is imported only where memory is allocated on a GPU.
+Torch is imported only where memory is allocated or a case is timed, on a GPU.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import torch
-
-from moebench.core import timing
 from moebench.core.device import nvml_clocks
 from moebench.core.noise import NoiseChoice, for_timer
 from moebench.core.records import Record
@@ -75,6 +72,8 @@ class Placements:
         if self.timing.placement_memory != "private" or self.torch_device != "cuda" or not self.time_it:
             yield None
             return
+        import torch
+
         if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda, "use_mem_pool"):
             raise RuntimeError("timing.placement_memory: private needs torch.cuda.MemPool (torch >= 2.6)")
         t = self.timing
@@ -160,7 +159,10 @@ class Timer:
         placement group, group g > 0 over fresh copies of `sets` (the inputs of `builts`) with
         closures from `rebuild`. `held`: copies group 0 reads, kept alive with its graph.
         `keep_graphs`: keep the captured graphs (and what they read) for a pass."""
-        time_groups = self._time_groups or timing.time_groups
+        if self._time_groups is None:
+            from moebench.core.timing import time_groups  # torch: the timer runs on a GPU only
+        else:
+            time_groups = self._time_groups
         t = self.timing
         g_min = max(1, t.groups)
         # one group is the single-graph timer: no interval between groups to grow it by

@@ -15,8 +15,6 @@ import threading
 from concurrent.futures import Future, wait
 from typing import Any, Callable, Mapping
 
-import torch
-
 from moebench.core.cases import Case, shape_key
 from moebench.core.pipeline import CasePipeline
 
@@ -183,6 +181,8 @@ def prebuild_fits(pipe: CasePipeline, cases: list[Case]) -> bool:
     free device memory), so a timed run can build them all up front."""
     if pipe.torch_device != "cuda":
         return False
+    import torch
+
     need, seen = 0, set()
     for c in cases:
         key = shape_key(c, pipe.fam.shape_params)

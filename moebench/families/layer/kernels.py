@@ -695,11 +695,7 @@ def _poison_out(inp: Inputs) -> Callable[[], None]:
     return reset
 
 
-@FAMILY.variant("step", params=("count_variant", "count_block_size", "count_num_warps", "count_grid",
-                                 "count_prefetch", "act_variant", "act_grid_cap", "act_num_warps", "act_tile_rows",
-                                 "act_tile_cols", "act_prefetch"),
-                doc="the layer step with a count and an act variant under test (scope step); or that "
-                    "kernel alone on the step's own tensors (scope count / act)")
+@FAMILY.builds("step")
 def build_step(inp: Inputs, params: dict, device) -> Built:
     step = _Step(inp, params, device)
     geometry, sources = step.geometry()
@@ -725,9 +721,7 @@ def build_step(inp: Inputs, params: dict, device) -> Built:
     return Built(step.act_alone.launch, inp.act_out, reset, geometry, launch_from=sources)
 
 
-@FAMILY.variant("mcore", source="upstream",
-                doc="megatron-core's mcore_fused_moe (BF16; squared ReLU only in 0.19.2) on the same routing and "
-                    "weights: the upstream reference arm")
+@FAMILY.builds("mcore")
 def build_mcore(inp: Inputs, params: dict, device) -> Built:
     fused = upstream.load("fused_moe")
     if params["op"] != "squared_relu" or params["scope"] != "step":
