@@ -366,7 +366,7 @@ def test_isolate_records_a_crash_and_runs_the_other_variants(tmp_path):
     got = by_variant(tmp_path, "crash")
     assert got["segv"][0]["status"] == "error" and "SIGSEGV" in got["segv"][0]["error"]
     assert got["aborts"][0]["status"] == "error" and "SIGABRT" in got["aborts"][0]["error"]
-    assert got["raises"][0]["error"] == "ValueError: a plugin bug"
+    assert got["raises"][0]["error"].startswith(f"ValueError: a plugin bug (at {tmp_path / 'bad.py'}:")
     assert_exact(got["persistent"])
     assert "crashed: its process died" in r.stderr
 
