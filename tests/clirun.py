@@ -85,7 +85,6 @@ class EchoPass(Pass):
     """Per case: which process ran the case, and how many closures it saw."""
 
     name = "echo"
-    columns = ("cross.echo_pid", "cross.echo_builts")
     cuda_only = False
 
     def after_case(self, ctx) -> None:
@@ -97,7 +96,6 @@ class TallyPass(Pass):
     """After all cases: how many records the run has, and whether the pipeline was at hand."""
 
     name = "tally"
-    columns = ("cross.tally", "cross.tally_here")
     cuda_only = False
     announce = "tally pass"
 
@@ -105,3 +103,24 @@ class TallyPass(Pass):
         for r in ctx.records:
             r.cross["tally"] = len(ctx.records)
             r.cross["tally_here"] = ctx.pipeline is not None
+
+
+def load_plugin(monkeypatch, path, text: str):
+    """Write a plugin file and load it into this process for one test: the variants and passes it
+    registers go into copies of the registries that `monkeypatch` puts back afterwards, and
+    $MOEBENCH_PLUGINS (which worker processes load on start) names it for this test only."""
+    from pathlib import Path
+
+    from moebench.core import passes
+    from moebench.core.family import catalogue
+    from moebench.sources import plugins
+
+    monkeypatch.setenv(plugins.ENV, "")
+    monkeypatch.setattr(plugins, "_LOADED", {})
+    monkeypatch.setattr(passes, "PASSES", dict(passes.PASSES))
+    for fam in catalogue().values():
+        monkeypatch.setattr(fam, "variants", dict(fam.variants))
+    path = Path(path)
+    path.write_text(text)
+    plugins.load_file(path)
+    return path

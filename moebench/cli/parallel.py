@@ -12,7 +12,10 @@ from typing import Optional
 import typer
 
 from moebench.cli.common import err, out, parse_formats, print_failures
+from moebench.core.store import OutputLock, ResultsWriter, output_file, writable_dir
 from moebench.errors import ExitCode, UsageError
+from moebench.parallel.merge import merge_results
+from moebench.parallel.shards import unshard_stem
 
 app = typer.Typer()
 
@@ -21,8 +24,6 @@ def _destination(text: Optional[str], files: list[Path]) -> tuple[Path, str]:
     """-o OUT -> (directory, stem). OUT is a directory (an existing one, or any path ending in /:
     the stem comes from the shard files, less their .shardIofN), or a file path with or without
     .json/.csv/.md. Default: beside the first file."""
-    from moebench.parallel.shards import unshard_stem
-
     stem = unshard_stem(files[0].stem)
     if text is None:
         return files[0].parent, stem
@@ -43,13 +44,12 @@ def merge(
     formats: str = typer.Option("csv,json,md", "--format", help="Comma list of csv,json,md,parquet."),
     force: bool = typer.Option(False, "--force", help="Replace results files that hold more records than the merge."),
 ):
-    """Merge shard results into one file, from the files alone (no spec file is read, no plugin
-    imported). Shards must share the spec (sha256), the device class, the matrix, the timing
-    settings, the kill-switch variables and the baseline launch; a case in two files must have identical results. Exit 1 when a
-    case failed or the merge is incomplete (a shard missing, or a shard that did not finish)."""
-    from moebench.core.store import OutputLock, ResultsWriter, output_file, writable_dir
+    """Merge shard results into one file, from the files alone (no spec file is read and no plugin
+    loaded). Shards must share the spec (sha256), the device class, the matrix, the timing settings,
+    the kill-switch variables and the baseline launch; a case in two files must have identical
+    results. Exit 1 when a case failed or the merge is incomplete (a shard missing, or a shard that
+    did not finish)."""
     from moebench.report.sweep import sweep_markdown
-    from moebench.parallel.merge import merge_results
 
     fmts = parse_formats(formats)
     m = merge_results(files)
@@ -59,7 +59,7 @@ def merge(
         output_file(dest / f"{stem}.{suffix}", inputs=m.files, force=True)
     prov = m.provenance
     spec = m.spec
-    host_only = bool(spec.family.host_only)
+    host_only = prov.get("device", {}).get("backend") == "host"  # what the files say: no kernel launched
     md = None
     if "md" in fmts:
         timed = bool(prov.get("timed"))

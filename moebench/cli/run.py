@@ -22,7 +22,7 @@ from moebench.core.counters import note as counters_note
 from moebench.core.device import host_device, load_or_measure_ceilings
 from moebench.core.noise import apply as apply_noise, setting_problem
 from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
-from moebench.core.passes import check_cross_checks, select
+from moebench.core.passes import select
 from moebench.core.pipeline import Options
 from moebench.core.provenance import provenance, record_key, run_extra, run_settings, summary_fields
 from moebench.core.store import (OutputLock, ResultsWriter, existing_records, previous_records, result_stem,
@@ -114,6 +114,7 @@ class Where:
     environ: dict  # the run's environment, handed down to the driver (which checks it); read once, here
     untimed: bool = False  # timings were asked for, but there is no CUDA device
     noise: object = None  # the noise model chosen for a run asked to time (moebench.core.noise.NoiseChoice)
+    passes: list | None = None  # the passes of --cross-check, chosen and checked once (moebench.core.passes.select)
 
 
 def where(p: Plan, a: Args) -> Where:
@@ -122,7 +123,8 @@ def where(p: Plan, a: Args) -> Where:
     if not 0 <= a.case_limit <= CASE_LIMIT_MAX_S:
         raise UsageError(f"--case-limit: expected seconds from 0 (no limit) to {CASE_LIMIT_MAX_S:g}, "
                          f"got {a.case_limit:g}")
-    check_cross_checks(a.cross)
+    if a.devices:
+        workers.device_list(a.devices)  # before the backend: a malformed value is named as such
     spec, host_only = p.spec, p.spec.family.host_only
     device = host_device() if host_only else select_backend(a.interpret)
     time_it = a.time_it and not host_only
@@ -135,14 +137,14 @@ def where(p: Plan, a: Args) -> Where:
         gpus = workers.parse_devices(a.devices)
     if a.isolate and host_only:
         raise UsageError(f"--isolate: family {spec.family.name!r} is host-only (it runs no kernel); drop --isolate")
-    select(a.cross, backend=device.backend, timed=timed, workers=bool(gpus) or a.isolate)  # one that cannot run: exit 2
+    passes = select(a.cross, backend=device.backend, timed=timed, workers=bool(gpus) or a.isolate)  # cannot run: exit 2
     chosen = None
     if time_it:  # the measured run-to-run term (moebench.core.noise); a malformed model: exit 2 here
         with startup.phase("noise model"):
             chosen = apply_noise(spec, device)
         if timed and chosen.note:
             err.print(f"note: noise model: {chosen.note}", markup=False, highlight=False, soft_wrap=True)
-    return Where(device, timed, tuple(fmts), gpus, dict(os.environ), time_it and not timed, chosen)
+    return Where(device, timed, tuple(fmts), gpus, dict(os.environ), time_it and not timed, chosen, passes)
 
 
 def execute(p: Plan, a: Args) -> int:
@@ -189,7 +191,7 @@ def run_locked(p: Plan, w: Where, a: Args, dest: Path, stem: str):
         writer.add_many(done[c.id] for c in p.cases if c.id in done)
     opts = Options(timing=spec.timing, time_it=w.timed, cross=a.cross, ceilings=ceilings,
                    traceback=STATE["verbose"], case_limit_s=a.case_limit or None)
-    events = run_sweep(spec, p.cases, opts, w.device, done=done, environ=w.environ,
+    events = run_sweep(spec, p.cases, opts, w.device, done=done, environ=w.environ, passes=w.passes,
                        **run_workers(p, w, a, opts))  # made lazily
     startup.mark("checks (options, output folder, lock)")
     summary = drive(p, events, writer, len(p.cases) - len(done))

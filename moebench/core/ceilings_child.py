@@ -14,22 +14,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from moebench.core import device
+from moebench.errors import BackendError
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m moebench.core.ceilings_child PATH", file=sys.stderr)
         return 2
-    from moebench.core.device import detect, measure_ceilings, write_ceilings
-    from moebench.errors import BackendError
-
     try:
-        info = detect(False)
+        info = device.detect(False)
     except BackendError as e:
         print(str(e), file=sys.stderr)
         return 2
-    c = measure_ceilings(info)
+    c = device.measure_ceilings(info)
     c["measured_in"] = "a child of the timed run"
-    write_ceilings(Path(argv[0]), info, c)
+    device.write_ceilings(Path(argv[0]), info, c)
     return 0
 
 

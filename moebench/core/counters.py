@@ -1,4 +1,4 @@
-"""Hardware counters per case (issue 25): what Nsight Compute measured when a case's launch ran in a
+"""Hardware counters per case: what Nsight Compute measured when a case's launch ran in a
 CUDA graph, a bound verdict stated with the numbers that decide it, and the family's work model
 checked against the traffic the L2 saw. Torch-free: the run (a child process under the tool), the
 parser and the verdict. The `counters` pass (moebench.core.passes) calls `collect` after all timing.
@@ -38,6 +38,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
+
+from moebench.core.family import switch_variables
 
 # ----------------------------------------------------------------------------------- metrics
 
@@ -161,8 +163,7 @@ def number(text: str, unit: str = "") -> float | None:
 
 def parse_ncu_csv(text: str) -> list[Kernel]:
     """ncu's `--csv --metrics ...` output (one row per kernel launch and metric, after any
-    ==PROF== lines and the program's own output) as kernels in launch order. Also reads the
-    `--page raw` layout (one row per launch, a column per metric, a units row after the header)."""
+    ==PROF== lines and the program's own output) as kernels in launch order."""
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID",')), None)
     if start is None:
@@ -185,22 +186,13 @@ def parse_ncu_csv(text: str) -> list[Kernel]:
             kernels[kid] = Kernel(kid, r[col["Kernel Name"]], r[col.get("Grid Size", 0)], r[col.get("Block Size", 0)])
         return kernels[kid]
 
-    if "Metric Name" in col:  # long layout
-        for r in rows[1:]:
-            k = kernel_of(r)
-            if k is None:
-                continue
-            k.metrics[r[col["Metric Name"]]] = number(r[col["Metric Value"]], r[col.get("Metric Unit", 0)]
-                                                      if "Metric Unit" in col else "")
-        return [kernels[i] for i in sorted(kernels)]
-    units = rows[1] if len(rows) > 1 and rows[1] and rows[1][0] == "" else None  # raw page: units row
-    for r in rows[2 if units else 1:]:
+    if "Metric Name" not in col:
+        return []
+    for r in rows[1:]:
         k = kernel_of(r)
-        if k is None:
-            continue
-        for i, h in enumerate(head):
-            if "__" in h:
-                k.metrics[h] = number(r[i], units[i] if units else "")
+        if k is not None:
+            k.metrics[r[col["Metric Name"]]] = number(r[col["Metric Value"]], r[col["Metric Unit"]]
+                                                      if "Metric Unit" in col else "")
     return [kernels[i] for i in sorted(kernels)]
 
 
@@ -514,13 +506,16 @@ def why_unavailable(device, tool: CounterTool) -> str | None:
 
 
 def job_document(spec, cases: Sequence[Any], records: Sequence[Any], *, plugins: Sequence[str] = (),
-                 warm_replays: int, manifest: str) -> dict:
-    """The child's job, as data: the spec's path, the plugin files to load, and per case its id,
-    variant, label, parameters and the launch values its record ran with."""
+                 warm_replays: int, manifest: str, environ: Mapping[str, str] | None = None) -> dict:
+    """The child's job, as data: the spec's path, the plugin files to load, the run's kill-switch
+    variables (the child resolves with them, never with its own environment), and per case its
+    id, variant, label, parameters and the launch values its record ran with."""
     by_id = {r.case_id: r for r in records}
+    environ = environ or {}
     return {
         "spec": str(spec.path),
         "plugins": list(plugins),
+        "environ": {k: environ[k] for k in sorted(switch_variables()) if k in environ},
         "warm_replays": warm_replays,
         "manifest": manifest,
         "cases": [{"id": c.id, "variant": c.variant, "label": c.label, "params": dict(c.params),
@@ -563,7 +558,7 @@ def collect(spec, device, cases: Sequence[Any], records: Sequence[Any], *, l2: s
         job = Path(tmp) / "job.json"
         manifest = Path(tmp) / "manifest.json"
         doc = job_document(spec, run, todo, plugins=plugins, warm_replays=WARM_REPLAYS if l2 == "warm" else 0,
-                           manifest=str(manifest))
+                           manifest=str(manifest), environ=environ)
         job.write_text(json.dumps(doc, default=str))
         raw = Path(raw_dir) / spec.name if raw_dir else None
         if raw is not None:

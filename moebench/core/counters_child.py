@@ -17,13 +17,20 @@ others go on. Without CUDA (tests on the CPU) the launch is called directly inst
 from __future__ import annotations
 
 import json
-import os
 import sys
-import traceback
 from pathlib import Path
 
+import torch
 import triton
 import triton.language as tl
+
+from moebench.core import interpret
+from moebench.core.cases import Case, shape_key
+from moebench.core.device import detect
+from moebench.core.spec import load_spec
+from moebench.core.text import one_line
+from moebench.core.timing import capture
+from moebench.sources import plugins
 
 
 @triton.jit
@@ -31,22 +38,11 @@ def _moebench_counters_mark(out_ptr):  # (1,) int32; grid = (case index + 1,)
     tl.store(out_ptr, tl.program_id(0))
 
 
-def _one_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {(s[0] if s else repr(e))[:240]}"
-
-
 def run(job: dict) -> list[dict]:
     """Launch every case of the job as described above; returns the manifest entries."""
-    import torch
-
-    from moebench.core.cases import Case, shape_key
-    from moebench.core.device import detect
-    from moebench.core.spec import load_spec
-    from moebench.sources import plugins
-
     plugins.use([Path(p) for p in job.get("plugins", [])])
-    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    environ = job.get("environ", {})  # the run's kill switches, as the timed run read them
+    cuda = torch.cuda.is_available() and not interpret.active()
     device = detect(not cuda)
     dev = "cuda" if cuda else "cpu"
     spec = load_spec(job["spec"])
@@ -61,7 +57,7 @@ def run(job: dict) -> list[dict]:
         entry = {"id": c["id"], "index": i}
         try:
             case = Case(fam.name, c["variant"], c["label"], dict(c["params"]), c["id"])
-            params, sources = fam.resolve(case.variant, case.params, device, os.environ)
+            params, sources = fam.resolve(case.variant, case.params, device, environ)
             launch = c.get("launch", {})
             params.update({k: launch[k] for k in sources if k in launch})  # the launch values the record ran
             key = shape_key(case, fam.shape_params)
@@ -71,21 +67,17 @@ def run(job: dict) -> list[dict]:
                     torch.cuda.empty_cache()
                 inputs = impl.build_inputs(case.params, dev, 0)
                 shape = key
-            built = fam.builder(case.variant)(inputs, params, device)
+            built = fam.build(case.variant, inputs, params, device)
             built.reset()
             built.launch()
+            replay = built.launch
             if cuda:
                 torch.cuda.synchronize()
-                from moebench.core.timing import capture
-
                 graph = capture([built.launch], 1, warmup=1)
                 for _ in range(warm):
                     graph.replay()
                 torch.cuda.synchronize()
                 replay = graph.replay
-            else:
-                replay = built.launch
-            if cuda:
                 torch.cuda.profiler.start()
             try:
                 _moebench_counters_mark[(i + 1,)](mark_out)
@@ -97,9 +89,7 @@ def run(job: dict) -> list[dict]:
                     torch.cuda.profiler.stop()
             del built
         except Exception as e:  # noqa: BLE001 - one case's failure is written down; the others go on
-            entry["error"] = _one_line(e)
-            if os.environ.get("MOEBENCH_COUNTERS_TRACE"):
-                entry["traceback"] = traceback.format_exc()
+            entry["error"] = f"{type(e).__name__}: {one_line(e)}"
         entries.append(entry)
     return entries
 

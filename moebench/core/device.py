@@ -14,13 +14,19 @@ import functools
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from moebench.errors import BackendError
+from moebench.core import tritonpatch
+from moebench.core.store import atomic_write_text
+from moebench.core.stats import median, noise_below, summarize
 from moebench.core.text import slugify
+from moebench.errors import BackendError
 
 CEILINGS_VERSION = 3  # bump when the measurement below changes
 
@@ -112,31 +118,7 @@ def nvml_driver() -> str | None:
 def interpreter_without_discarded_checks() -> bool:
     """The interpreter's `no_overflow_checks` patch (moebench.core.tritonpatch, where it is explained
     and switched off); True when it changed the interpreter's options."""
-    from moebench.core import tritonpatch
-
     return tritonpatch.enabled("no_overflow_checks") and tritonpatch.skip_overflow_checks()
-
-
-# Vendor datasheet DRAM bandwidth (bytes read + written per second) by device name, to read a
-# measured copy ceiling against. A lead, not a measurement: the GPU tests check that the measured
-# ceiling lands within 70-100% of it.
-DATASHEET_DRAM_GBPS = {
-    "H200": 4800.0,
-    "H100 SXM": 3350.0,
-    "H100 80GB HBM3": 3350.0,
-    "H100 PCIe": 2000.0,
-    "H100 NVL": 3900.0,
-    "GH200": 4000.0,
-    "B200": 8000.0,
-    "A100-SXM4-80GB": 2039.0,
-    "A100-SXM4-40GB": 1555.0,
-}
-
-
-def datasheet_dram_gbps(name: str) -> float | None:
-    """The datasheet bandwidth of a device by its name (longest matching key), or None."""
-    hits = [k for k in DATASHEET_DRAM_GBPS if k.lower() in name.lower()]
-    return DATASHEET_DRAM_GBPS[max(hits, key=len)] if hits else None
 
 
 # The interpreter's stand-in machine: kernels are checked as if on a 132-SM GPU (an H200), so
@@ -156,8 +138,6 @@ def detect(interpret: bool) -> DeviceInfo:
             triton=triton_version(), python=platform.python_version())
     if not torch.cuda.is_available():
         raise BackendError("no CUDA device is visible; run with --interpret for a CPU correctness run")
-    from moebench.core import tritonpatch
-
     tritonpatch.install_key_cache()  # Triton's cache key, kept between processes: the first kernel loads ~0.5 s sooner
     idx = torch.cuda.current_device()
     p = torch.cuda.get_device_properties(idx)
@@ -182,8 +162,6 @@ def gpu_uuid(props) -> str | None:
 
 def _version(dist: str) -> str | None:
     """An installed distribution's version, read from its metadata (no import: torch takes seconds)."""
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -212,9 +190,7 @@ def measure_ceilings(info: DeviceInfo, launches_per_graph: int = 200) -> dict[st
     grid 1 and grid = SM count. Bandwidth counts bytes read + written."""
     import torch
 
-    from moebench.core.empty import empty_launch
-    from moebench.core.stats import median, noise_below, summarize
-    from moebench.core.timing import time_events, time_graph
+    from moebench.core.timing import empty_launch, time_events, time_graph
 
     out: dict[str, Any] = {"version": CEILINGS_VERSION, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     # DRAM: 2 GiB source, far past any L2; plain event timing (each copy is ~1 ms).
@@ -267,9 +243,6 @@ def _cached_ceilings(path: Path, info: DeviceInfo) -> dict[str, Any] | None:
 def measure_in_child(path: Path, *, timeout: float = 600.0) -> str | None:
     """Measure the ceilings in a child process (moebench.core.ceilings_child) that writes `path`.
     Returns None when it did, else why not (its last line of stderr)."""
-    import subprocess
-    import sys
-
     try:
         r = subprocess.run([sys.executable, "-m", "moebench.core.ceilings_child", str(path)], capture_output=True,
                            text=True, timeout=timeout)
@@ -312,7 +285,5 @@ def load_or_measure_ceilings(info: DeviceInfo, results_root: Path, *, remeasure:
 
 def write_ceilings(path: Path, info: DeviceInfo, ceilings: dict[str, Any]) -> None:
     """The ceilings file (`moebench device`, a timed run, the child that measures for it)."""
-    from moebench.core.store import atomic_write_text
-
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps({"device": info.to_dict(), "ceilings": ceilings}, indent=2) + "\n")

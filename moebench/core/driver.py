@@ -25,15 +25,16 @@ What the driver owns:
   which the CLI hands in), the rest of the run goes on in fresh child processes, and no after-all
   pass runs here. `--isolate` runs every case in a child from the start (the CLI's `workers`).
 
-Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py (or a module imported
-before the run), subclass `Pass`, give it a `name` (what `--cross-check` takes), its `columns`, where
-it can run (`cuda_only`, `in_workers`, `keeps_graphs`, `keeps_cases`) and an `announce` line, and
-implement `after_case(ctx: CaseDone)` (per case, right after its timing, or its checks when
-untimed: the case, its record, group 0's closures, kept graphs) and/or `after_all(ctx: AfterAll)` (after every case: the spec, device,
-options, every case and record; it may add fields to the records, e.g. `rec.work["counters"] =
-{...}` or entries of `rec.cross`). Decorate the class with `@register`. A pass that re-runs cases in
-a child process (Nsight Compute) needs only `after_all`, keeps nothing per case, and so also runs
-after `--devices` workers, here in the driver's process. `after_all` hooks run in registration order.
+Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py, or a plugin file
+(--plugin), subclass `Pass`, give it a `name` (what `--cross-check` takes), where it can run
+(`cuda_only`, `in_workers`, `keeps_graphs`, `keeps_cases`) and an `announce` line, and implement
+`after_case(ctx: CaseDone)` (per case, right after its timing, or its checks when untimed: the
+case, its record, group 0's closures, kept graphs) and/or `after_all(ctx: AfterAll)` (after every
+case: the spec, device, options, environment, every case and record; it may add fields to the
+records, e.g. `rec.work["counters"] = {...}` or entries of `rec.cross`). Decorate the class with
+`@register`. A pass that re-runs cases in a child process (Nsight Compute) needs only `after_all`,
+keeps nothing per case, and so also runs after `--devices` workers, here in the driver's process.
+`after_all` hooks run in registration order.
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
+from moebench.core.baseline import add_baseline_deltas
 from moebench.core.cases import Case, shape_key
 from moebench.core.device import DeviceInfo
 from moebench.core.passes import AfterAll, Pass, select
-from moebench.core.pipeline import (CasePipeline, Options, _Ahead, check_environment, prefetch_workers,
-                                    shape_major)
+from moebench.core.pipeline import CasePipeline, Options, check_environment
 from moebench.core.placements import Retimed, Timer
+from moebench.core.prefetch import _Ahead, prebuild_fits, prefetch_workers, shape_major
 from moebench.core.records import Record
 from moebench.core.spec import Spec
 
@@ -156,13 +158,11 @@ class Driver:
         An interrupt (KeyboardInterrupt, or a signal the caller turns into one) ends the run with an
         incomplete Summary of what finished. If it lands in the caller while it handles an event,
         `throw` it into this generator: the Summary comes back from the throw."""
-        from moebench.core.baseline import add_baseline_deltas
-
         spec, pipe = self.spec, self.pipeline
         cases = list(cases)
         done = dict(done or {})
         todo = [c for c in cases if c.id not in done]
-        if not self.opts.time_it and not spec.family.host_only:
+        if not self.opts.time_it:
             todo = shape_major(todo, spec.family.shape_params)
         records = [done[c.id] for c in cases if c.id in done]
         t0 = self.clock()
@@ -187,7 +187,7 @@ class Driver:
                     yield Profiling(p.announce)
                 with pipe._phase(f"{p.name} pass"):
                     p.after_all(AfterAll(spec, self.device, self.opts, cases, records,
-                                         pipe if self.workers is None else None))
+                                         pipe if self.workers is None else None, dict(self.environ)))
                 p.release()
                 ran.append(p.name)
         except KeyboardInterrupt as e:
@@ -220,13 +220,13 @@ class Driver:
         shape's inputs in parallel before its first case, where they fit in memory together."""
         pipe, fam = self.pipeline, self.spec.family
         n = len(cases)
-        untimed = not self.opts.time_it and not fam.host_only
+        untimed = not self.opts.time_it
         last = {}
         if untimed:
             for i, c in enumerate(cases):
                 last[shape_key(c, fam.shape_params)] = i
         ahead = None
-        if prefetch_workers(self.environ) and not fam.host_only and (untimed or pipe.prebuild_fits(cases)):
+        if pipe.impl is not None and prefetch_workers(self.environ) and (untimed or prebuild_fits(pipe, cases)):
             ahead = _Ahead(pipe, cases)
             if not untimed:
                 with pipe._phase("inputs + reference (built before timing, in parallel)"):
@@ -257,7 +257,9 @@ class Driver:
 
 def run_sweep(spec: Spec, cases: Sequence[Case], options: Options, device: DeviceInfo, *,
               done: Mapping[str, Record] | None = None, workers: Workers | None = None,
-              environ: Mapping[str, str] | None = None, fallback: Workers | None = None) -> Iterator[Event]:
-    """Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback).run(cases,
-    done=done), made when the first event is asked for."""
-    yield from Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback).run(cases, done=done)
+              environ: Mapping[str, str] | None = None, fallback: Workers | None = None,
+              passes: Sequence[Pass] | None = None) -> Iterator[Event]:
+    """Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback,
+    passes=passes).run(cases, done=done), made when the first event is asked for."""
+    yield from Driver(spec, device, options, environ=environ, workers=workers, fallback=fallback,
+                      passes=passes).run(cases, done=done)

@@ -2,26 +2,23 @@
 
 A family is one folder, ``moebench/families/<name>/``:
 
-- ``__init__.py`` (torch-free): ``FAMILY = FamilySpec(...)``: its parameters, cross-parameter
-  rules, default pivot, plot preset and sharding cost estimate. A built-in family's sections of
-  the results pages live above it, in moebench.report.sections; a plugin family may pass its own
-  (``sections=``, ``ab_sections=``).
+- ``__init__.py`` (torch-free): ``FAMILY = FamilySpec(...)``: its parameters, its variants
+  (``variants=(VariantSpec(name, doc, params, env, ...), ...)``: what each is, what it reads),
+  cross-parameter rules, default pivot, plot preset and sharding cost estimate. A built-in
+  family's sections of the results pages live above it, in moebench.report.sections; a plugin
+  family may pass its own (``sections=``, ``ab_sections=``).
+- ``kernels.py``: Triton kernels -> launchers -> torch reference -> input builder -> builders,
+  each bound to the variants it builds by ``@FAMILY.builds(name, ...)``.
 
 This module is core: it knows no family. It finds the built-in ones by package name
-(``moebench.families``, every sub-package) when the catalogue is first asked for.
-- ``kernels.py``: Triton kernels -> launchers -> torch reference -> input builder -> variants.
-  A variant is declared once, by ``@FAMILY.variant(...)`` on its builder.
+(``moebench.families``, every sub-package) when the catalogue is first asked for. The catalogue
+knows every variant without importing torch; importing ``kernels.py`` (when a sweep runs) attaches
+the builders. A family whose package fails breaks only itself: the catalogue leaves it out,
+``broken()`` names it with its FILE:LINE error (``list`` shows it), and using it is a usage error.
 
-The torch-free side knows every variant's name, doc and parameters without importing torch: it
-reads the ``@FAMILY.variant(...)`` decorators of ``kernels.py`` from the source text (arguments:
-literals, or module-level names assigned literals earlier in the file). Importing ``kernels.py``
-(when a sweep runs) attaches the builders; a declaration the source text and the running module
-disagree on is an error, and a test checks every family both ways. A family whose package or
-declarations fail breaks only itself: the catalogue leaves it out, ``broken()`` names it with its
-FILE:LINE error (``list`` shows it), and using it is a usage error.
-
-A plugin (``--plugin FILE.py``, a spec's ``plugins:``, the ``moebench.plugins`` entry points) uses
-the same calls: ``get_family("count").variant(...)`` adds a variant to a built-in family, and
+A plugin (``--plugin FILE.py``, a spec's ``plugins:``, the ``moebench.plugins`` entry points)
+declares and builds a variant in one call, ``@get_family("count").variant(name, doc=...,
+params=...)`` on its builder, adding it to a built-in family, and
 ``register_family(FamilySpec(...))`` adds a whole family (moebench.sources.plugins).
 
 A *parameter* is a shape parameter (``role="shape"``: it decides the inputs, and variants that
@@ -31,16 +28,19 @@ cap, warps; it only changes how the same work is launched).
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
+import inspect
 import pkgutil
-import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from moebench.core.text import show
+from moebench.core import interpret
+from moebench.core.text import one_line, show
+from moebench.errors import UsageError
+from moebench.sources.plugins import current_source, load_installed
 
 REQUIRED = object()
 
@@ -152,11 +152,12 @@ class Preset:
 
 
 class FamilySpec:
-    """A kernel family's declarations. Built-in families read their variants from the decorators
-    in their kernels.py (`package` names the family's package); plugins register variants as
-    their file runs."""
+    """A kernel family's declarations. A built-in family declares its variants here (`variants`)
+    and its kernels module (`package`.kernels) binds their builders; a plugin registers a variant
+    and its builder at once (`variant`) as its file runs."""
 
     def __init__(self, *, name: str, doc: str, params: dict[str, Param], package: str | None = None,
+                 variants: tuple["VariantSpec", ...] = (),
                  rules: tuple[tuple[str, str], ...] = (), host_only: bool = False,
                  default_pivot: dict | None = None, plot: Preset | None = None,
                  cost: Callable[[dict], int] | None = None, sections: Callable[[list], str] | None = None,
@@ -197,9 +198,9 @@ class FamilySpec:
         # kernels.py, or a plugin's own module
         self.kernels = f"{package}.kernels" if package else kernels
         self.variants: dict[str, VariantSpec] = {}
-        if package:
-            for v in declared_variants(Path(sys.modules[package].__file__).with_name("kernels.py"), self):
-                self.variants[v.name] = v
+        for v in variants:
+            self._check_declaration(v)
+            self.variants[v.name] = v
 
     def __repr__(self) -> str:
         return f"FamilySpec({self.name!r}, variants={list(self.variants)})"
@@ -220,45 +221,55 @@ class FamilySpec:
         "builtin", or "plugin FILE" while a plugin file registers it. `work(params, geometry,
         device) -> dict` is the variant's own work model (bytes moved, ctas, ctas_with_work, ...:
         what its floors are read against); without one the family's `work` stands for it."""
-        from moebench.sources.plugins import current_source
-
-        source = source or current_source() or "builtin"
         if work is not None and not callable(work):
             raise TypeError(f"variant {name!r} of {self.name!r}: work= must be a function work(params, geometry, "
                             f"device) -> dict, got {show(work)}")
-        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source, tuple(twins), work=work)
-        for p in declared.launch_params:
-            if p not in self.params or self.params[p].role != "launch":
-                raise ValueError(f"variant {name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
-                                 f"family ({', '.join(self.launch_params) or 'none'})")
+        declared = VariantSpec(name, doc, tuple(params), dict(env or {}), source or current_source() or "builtin",
+                               tuple(twins), work=work)
+        self._check_declaration(declared)
 
         def register(fn: Callable) -> Callable:
             problem = self.builder_problem(fn)
             if problem:
                 raise TypeError(f"variant {name!r} of {self.name!r}: {problem}")
             have = self.variants.get(name)
-            if have is not None and have.builder is None and have.source == declared.source:
-                if have != declared:  # the source text and the running module disagree
-                    raise ValueError(f"variant {name!r} of {self.name!r}: its declaration in {self.kernels} differs "
-                                     "from what the source text says (decorator arguments must be literals)")
-                have.builder = fn
-            elif have is not None and have.builder is not fn:
+            if have is not None and have.builder is not fn:
                 raise ValueError(f"variant {name!r} of family {self.name!r} is registered twice "
-                                 f"({have.source} and {source}); give the new one another name")
-            elif have is not None:
-                return fn
-            else:
+                                 f"({have.source} and {declared.source}); give the new one another name")
+            if have is None:
                 declared.builder = fn
                 self.variants[name] = declared
             return fn
 
         return register
 
+    def builds(self, *names: str):
+        """Decorator: `fn` builds the variants `names`, which the family declares (a built-in
+        family's kernels module binds its builders this way)."""
+
+        def bind(fn: Callable) -> Callable:
+            problem = self.builder_problem(fn)
+            for n in names:
+                v = self.variants.get(n)
+                if v is None:
+                    raise ValueError(f"{getattr(fn, '__name__', fn)} builds variant {n!r}, which family "
+                                     f"{self.name!r} does not declare ({', '.join(self.variants) or 'none'})")
+                if problem:
+                    raise TypeError(f"variant {n!r} of {self.name!r}: {problem}")
+                v.builder = fn
+            return fn
+
+        return bind
+
+    def _check_declaration(self, v: "VariantSpec") -> None:
+        for p in v.launch_params:
+            if p not in self.params or self.params[p].role != "launch":
+                raise ValueError(f"variant {v.name!r} of {self.name!r}: {p!r} is not a launch parameter of the "
+                                 f"family ({', '.join(self.launch_params) or 'none'})")
+
     def builder_problem(self, fn: Callable) -> str | None:
         """Why the session could not call `fn` as this family's builder, or None: a kernel family
         calls fn(inputs, params, device), a host-only family fn(params)."""
-        import inspect
-
         expected = "fn(params)" if self.host_only else "fn(inputs, params, device)"
         if not callable(fn):
             return f"the decorated object is not a function; a builder is {expected}"
@@ -297,6 +308,18 @@ class FamilySpec:
                               "builder for it")
         return v.builder
 
+    def build(self, variant: str, inputs: Any, params: dict, device: Any) -> "Built":
+        """The one way from a case to a launch: the variant's builder over `inputs` with the case's
+        resolved parameters (`resolve`). The case pipeline, the counters child and the layer's count
+        and act launches all build through here. A geometry key the pipeline reads that the builder
+        did not give is an error naming the key and the variant (Geometry)."""
+        built = self.builder(variant)(inputs, params, device)
+        if not isinstance(built, Built):
+            raise TypeError(f"variant {variant!r} of {self.name!r}: its builder returned {show(built)}, not a "
+                            "Built(launch, output, reset, geometry)")
+        built.geometry = Geometry(f"variant {variant!r} of {self.name!r}", built.geometry)
+        return built
+
     def resolve(self, variant: str, params: dict, device: Any, environ: Mapping[str, str],
                 origins: Mapping[str, str] | None = None) -> tuple[dict, dict]:
         """The parameters a variant's kernel runs with, and where each launch value came from.
@@ -326,8 +349,6 @@ class FamilySpec:
 
     def load(self):
         """Import the kernels module (torch, triton) and return it."""
-        from moebench.core import interpret
-
         if interpret.active():
             interpret.compat()
         if not self.kernels:
@@ -335,8 +356,6 @@ class FamilySpec:
         module = importlib.import_module(self.kernels)
         missing = [] if self.host_only else [f for f in self.KERNEL_API if not callable(getattr(module, f, None))]
         if missing:
-            from moebench.errors import UsageError
-
             raise UsageError(f"family {self.name!r} ({self.origin}): its module {self.kernels} does not define "
                              f"{', '.join(missing)}; a kernel family's module provides {', '.join(self.KERNEL_API)}")
         return module
@@ -344,8 +363,6 @@ class FamilySpec:
 
 def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -> tuple[Any, str]:
     """A kill-switch variable's value for parameter `p`, or the shipped default when unset."""
-    from moebench.errors import UsageError
-
     raw = environ.get(var)
     if raw is None or raw.strip() == "":
         return default, f"default {default} (${var} unset)"
@@ -357,135 +374,6 @@ def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -
     if problem:
         raise UsageError(f"${var}={raw!r}: {problem}; it sets {p.name}, which takes {p.allowed()}")
     return value, f"${var}"
-
-
-class DeclarationError(ValueError):
-    """A ``@variant(...)`` declaration the catalogue cannot read: the message starts with FILE:LINE."""
-
-
-class _Unknown:
-    """A module-level name whose value the source text does not give (and why)."""
-
-    def __init__(self, why: str):
-        self.why = why
-
-
-_NOT_LITERAL = ("is not a literal, a module-level name bound to one, a tuple or list of those (with *NAME), or a + "
-                "of them")
-
-
-def _literal(node: ast.AST, names: dict[str, Any]) -> Any:
-    """The value of a declaration argument, from the text alone: literals, names bound earlier at
-    module level to such values, tuples/lists/sets/dicts of them (``(*BASE, "x")`` too), ``a + b``
-    and a sign on a number. Raises ValueError saying why not."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        if node.id not in names:
-            raise ValueError(f"name {node.id} is not assigned at module level before this line")
-        v = names[node.id]
-        if isinstance(v, _Unknown):
-            raise ValueError(f"name {node.id} {v.why}")
-        return v
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        items: list = []
-        for e in node.elts:
-            if isinstance(e, ast.Starred):
-                inner = _literal(e.value, names)
-                if not isinstance(inner, (tuple, list)):
-                    raise ValueError(f"`{ast.unparse(e)}`: {show(inner)} is not a tuple or list")
-                items.extend(inner)
-            else:
-                items.append(_literal(e, names))
-        return tuple(items) if isinstance(node, ast.Tuple) else set(items) if isinstance(node, ast.Set) else items
-    if isinstance(node, ast.Dict) and None not in node.keys:
-        return {_literal(k, names): _literal(v, names) for k, v in zip(node.keys, node.values)}
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        try:
-            return _literal(node.left, names) + _literal(node.right, names)
-        except TypeError as e:
-            raise ValueError(f"`{ast.unparse(node)}`: {e}") from None
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal(node.operand, names)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return -v if isinstance(node.op, ast.USub) else v
-    raise ValueError(f"`{ast.unparse(node)}` {_NOT_LITERAL}")
-
-
-def _bind(stmt: ast.stmt, names: dict[str, Any]) -> None:
-    """Track what a top-level statement binds: a plain assignment's value where the text gives it,
-    else why it does not."""
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        try:
-            value: Any = _literal(stmt.value, names)
-        except ValueError as e:
-            value = _Unknown(f"is assigned at line {stmt.lineno} from something the text does not give ({e})")
-        for t in targets:
-            if isinstance(t, ast.Name):
-                names[t.id] = value
-            else:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name):
-                        names[n.id] = _Unknown(f"is unpacked at line {stmt.lineno}; assign it a literal on its own")
-        return
-    what = {ast.Import: "imported", ast.ImportFrom: "imported", ast.FunctionDef: "a function",
-            ast.AsyncFunctionDef: "a function", ast.ClassDef: "a class", ast.AugAssign: "changed in place"}.get(type(stmt), "assigned inside a block")
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        bound = [(a.asname or a.name).split(".")[0] for a in stmt.names]
-    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        bound = [stmt.name]
-    else:
-        bound = [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-    for name in bound:
-        names[name] = _Unknown(f"is {what} at line {stmt.lineno} (the catalogue reads the text, it does not run it)")
-
-
-def declared_variants(path: Path, family: FamilySpec) -> list[VariantSpec]:
-    """The ``@FAMILY.variant(name, doc=..., params=..., env=..., source=...)`` declarations of a
-    kernels module, read from its source text in file order (no import, so no torch). An argument
-    may be a literal or a module-level name assigned one earlier in the file (``PARAMS = ("grid",
-    "num_warps")`` shared by several declarations); anything else is a DeclarationError naming the
-    file and line."""
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except SyntaxError as e:
-        raise DeclarationError(f"{path}:{e.lineno}: SyntaxError: {e.msg}") from None
-    except OSError as e:
-        raise DeclarationError(f"{path}: cannot read: {e.strerror or e}") from None
-    out: list[VariantSpec] = []
-    names: dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for dec in node.decorator_list:
-                if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Attribute) and dec.func.attr == "variant":
-                    out.append(_declaration(path, dec, names))
-        _bind(node, names)
-    return out
-
-
-def _declaration(path: Path, dec: ast.Call, names: dict[str, Any]) -> VariantSpec:
-    where = f"{path}:{dec.lineno}: @variant"
-    try:
-        args = [_literal(a, names) for a in dec.args]
-    except ValueError as e:
-        raise DeclarationError(f"{where} argument: {e}") from None
-    kw: dict[str, Any] = {}
-    for k in dec.keywords:
-        if k.arg is None:
-            raise DeclarationError(f"{where}: **{ast.unparse(k.value)}: name each argument "
-                                   "(name, doc=, params=, env=, source=, twins=)")
-        try:
-            kw[k.arg] = _literal(k.value, names)
-        except ValueError as e:
-            raise DeclarationError(f"{where} {k.arg}=: {e}") from None
-    try:
-        kw["params"] = tuple(kw.get("params", ()))
-        kw["twins"] = tuple(kw.get("twins", ()))
-        kw["env"] = {k: tuple(v) for k, v in (kw.get("env") or {}).items()}
-        return VariantSpec(*args, **kw)
-    except (TypeError, ValueError, AttributeError) as e:
-        raise DeclarationError(f"{where}: {e}") from None
 
 
 # ----------------------------------------------------------------------------------- the contract
@@ -501,15 +389,36 @@ class Built:
     output: Any  # torch.Tensor checked after a launch
     reset: Callable[[], None]
     geometry: dict[str, Any] = field(default_factory=dict)
-    # not read: which launches compiled is asked of Triton (moebench.core.tritonpatch); kept so a
-    # builder that still passes one loads
-    compile_key: tuple = ()
     # where geometry values the builder resolved itself came from (a launch built out of another
     # family's variant records that variant's kill switches here); merged into the record
     launch_from: dict[str, Any] = field(default_factory=dict)
     # why this launch cannot be bit-exact with the baseline launch by construction (an upstream
     # kernel that sums with float atomics): it is then checked against the reference only
     inexact: str = ""
+
+
+class GeometryKeyError(KeyError):
+    """A geometry key a variant's Built does not give; the message names the key and the variant."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Geometry(dict):
+    """A Built's launch geometry. Reading a key the builder did not give (the family's work model
+    reads its grid, block size, warps) raises GeometryKeyError naming that key and the variant,
+    instead of a bare KeyError."""
+
+    def __init__(self, owner: str, items: Mapping[str, Any] | None = None):
+        super().__init__(items or {})
+        self.owner = owner
+
+    def __missing__(self, key: str):
+        raise GeometryKeyError(f"{self.owner}: its Built's geometry has no {key!r}, which the family's work model "
+                               f"reads (it gives {', '.join(map(str, self)) or 'none'})")
+
+    def __reduce__(self):
+        return dict, (dict(self),)
 
 
 @dataclass
@@ -544,13 +453,17 @@ def catalogue() -> dict[str, FamilySpec]:
             try:
                 fam = importlib.import_module(f"{FAMILIES_PACKAGE}.{name}").FAMILY
             except Exception as e:  # noqa: BLE001 - a broken family breaks only itself
-                _BROKEN[name] = _one_line(e, _FAMILIES_DIR / name)
+                _BROKEN[name] = _load_error(e, _FAMILIES_DIR / name)
                 continue
             _CATALOGUE[fam.name] = fam
-        from moebench.sources.plugins import load_installed
-
         _BROKEN.update(load_installed())
     return _CATALOGUE
+
+
+def switch_variables() -> set[str]:
+    """Every kill-switch variable a variant of a loaded family reads (MCORE_COUNT_TOKENS_BLOCK, ...):
+    a family that builds other families' variants (the layer) reads theirs too."""
+    return {var for fam in catalogue().values() for v in fam.variants.values() for var, _ in v.env.values()}
 
 
 def broken() -> dict[str, str]:
@@ -560,21 +473,16 @@ def broken() -> dict[str, str]:
     return dict(_BROKEN)
 
 
-def _one_line(e: BaseException, folder: Path) -> str:
+def _load_error(e: BaseException, folder: Path) -> str:
     """An error from importing a family's package as one line, naming the file and line in that
     family's folder (or the deepest line in moebench) where it went wrong."""
-    import traceback
-
-    if isinstance(e, DeclarationError):
-        return str(e).splitlines()[0]
     if isinstance(e, SyntaxError) and e.filename:
         return f"{e.filename}:{e.lineno}: SyntaxError: {e.msg}"
     frames = traceback.extract_tb(e.__traceback__)
     mine = [f for f in frames if Path(f.filename).is_relative_to(folder)] or \
         [f for f in frames if Path(f.filename).is_relative_to(_FAMILIES_DIR)] or frames
     where = f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
-    text = (str(e).strip().splitlines() or [""])[0]
-    return f"{where}{type(e).__name__}: {text}"
+    return f"{where}{type(e).__name__}: {one_line(e)}"
 
 
 def get_family(name: str) -> FamilySpec:
@@ -583,8 +491,6 @@ def get_family(name: str) -> FamilySpec:
     cat = catalogue()
     if name not in cat:
         if name in _BROKEN:
-            from moebench.errors import UsageError
-
             raise UsageError(family_error(name))
         raise KeyError(name)
     return cat[name]
@@ -599,8 +505,6 @@ def family_error(name: str) -> str | None:
 
 def register_family(fam: FamilySpec) -> FamilySpec:
     """Add a family (from a plugin) to the catalogue."""
-    from moebench.sources.plugins import current_source
-
     if fam.origin == "builtin" and current_source():
         fam.origin = current_source()
     cat = catalogue()

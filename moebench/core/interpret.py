@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from moebench.core import tritonpatch
+
 
 def enable() -> None:
     """Make kernel modules imported from now on run under the interpreter."""
@@ -24,6 +26,4 @@ def active() -> bool:
 def compat() -> dict[str, bool]:
     """Apply the interpreter's patches that are switched on (tritonpatch.interpreter_patches);
     returns which this call installed."""
-    from moebench.core import tritonpatch
-
     return tritonpatch.interpreter_patches()

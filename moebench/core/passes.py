@@ -4,7 +4,6 @@
 A pass is a subclass of `Pass` registered with `@register`. It declares
 
 - `name`: what `--cross-check NAME` asks for, and what the provenance lists when it ran;
-- `columns`: the record fields it adds (e.g. `cross.dobench_us`), for readers and the README;
 - where it can run: `cuda_only` (needs a timed run on a CUDA device: refused under the
   interpreter and in `verify`), `in_workers` (can run inside the per-GPU workers of
   `--devices`); the driver refuses any other combination with a UsageError (exit 2) before the
@@ -30,7 +29,7 @@ and implements either hook or both:
 `unavailable()` says in one line why the pass cannot run on this machine (a missing package), or
 None. `announce`: the progress text shown while its `after_all` runs.
 
-Adding a pass: subclass `Pass`, set its `name`, `columns` and where it runs, implement a hook,
+Adding a pass: subclass `Pass`, set its `name` and where it runs, implement a hook,
 decorate it with `@register`. `Counters` below is one that re-runs cases under Nsight Compute in a
 child process: `in_workers = True` (its `after_all` runs in the driver's process and needs nothing the
 workers kept), and `cuda_only = False`, since on a machine without counters its columns say what is
@@ -44,10 +43,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from moebench.core import counters
 from moebench.core.placements import group_medians
 from moebench.core.records import Record
 from moebench.core.stats import mean
-from moebench.errors import BackendError, UsageError
+from moebench.core.text import one_line
+from moebench.errors import UsageError
+from moebench.sources import plugins
+
+
+def _timing():
+    """moebench.core.timing (torch and triton), imported when a pass first runs: the driver imports
+    this module for every run, a host-only family's too, which imports no torch."""
+    from moebench.core import timing
+
+    return timing
 
 
 @dataclass
@@ -74,11 +84,11 @@ class AfterAll:
     cases: list
     records: list[Record]
     pipeline: Any = None  # the driver's CasePipeline (None when the cases ran in workers)
+    environ: dict = field(default_factory=dict)  # the run's environment (the kill switches), as the cases read it
 
 
 class Pass:
     name: ClassVar[str] = ""
-    columns: ClassVar[tuple[str, ...]] = ()
     cuda_only: ClassVar[bool] = True
     in_workers: ClassVar[bool] = True
     keeps_graphs: ClassVar[bool] = False
@@ -113,27 +123,11 @@ def register(cls: type[Pass]) -> type[Pass]:
     return cls
 
 
-def cross_check_problem(names: tuple[str, ...]) -> str | None:
-    """One line saying why a requested pass cannot run on this machine, or None."""
-    for n in names:
-        cls = PASSES.get(n)
-        if cls is None:
-            return f"--cross-check: unknown {n!r}; expected {', '.join(PASSES)}"
-        why = cls().unavailable()
-        if why:
-            return why
-    return None
-
-
-def check_cross_checks(names: tuple[str, ...]) -> None:
-    problem = cross_check_problem(names)
-    if problem:
-        raise BackendError(problem)
-
-
 def select(names, *, backend: str, timed: bool, workers: bool) -> list[Pass]:
-    """Fresh instances of the named passes, in registration order, or a UsageError naming the first
-    that cannot run where these cases run (the interpreter, an untimed run, per-GPU workers)."""
+    """Fresh instances of the named passes, in registration order; the one check of `--cross-check`:
+    a UsageError naming the first that is unknown, cannot run on this machine (`unavailable`: a
+    missing package), or cannot run where these cases run (the interpreter, an untimed run, per-GPU
+    workers)."""
     wanted = list(dict.fromkeys(names))
     unknown = [n for n in wanted if n not in PASSES]
     if unknown:
@@ -142,6 +136,9 @@ def select(names, *, backend: str, timed: bool, workers: bool) -> list[Pass]:
     for name, cls in PASSES.items():
         if name not in wanted:
             continue
+        why = cls().unavailable()
+        if why:
+            raise UsageError(why)
         if cls.cuda_only and (backend != "cuda" or not timed):
             where = "an untimed run" if backend == "cuda" else f"this run ({backend}: the Triton interpreter, " \
                     "correctness only)" if backend == "interpret" else f"this run ({backend})"
@@ -152,11 +149,6 @@ def select(names, *, backend: str, timed: bool, workers: bool) -> list[Pass]:
                              "in one process); drop --devices or the cross-check")
         out.append(cls())
     return out
-
-
-def _one_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return (s[0] if s else repr(e))[:300]
 
 
 # ----------------------------------------------------------------------------------- the built-in passes
@@ -170,11 +162,8 @@ class DoBench(Pass):
     first case, timed before any profiling, agreed within 0.3% (results/h200/TIMER.md)."""
 
     name = "dobench"
-    columns = ("cross.dobench_us", "cross.dobench_delta_pct", "cross.cross_error")
 
     def after_case(self, ctx: CaseDone) -> None:
-        from moebench.core.timing import dobench_cudagraph_us
-
         rec = ctx.record
         fns = [b.launch for b in ctx.builts]
 
@@ -183,13 +172,13 @@ class DoBench(Pass):
                 f()
 
         try:
-            v = dobench_cudagraph_us(all_sets) / len(fns)
+            v = _timing().dobench_cudagraph_us(all_sets) / len(fns)
             # against the same placements: with placement groups, group 0's median
             mine = group_medians(rec)[0]
             rec.cross["dobench_us"] = round(v, 4)
             rec.cross["dobench_delta_pct"] = round(100 * (mine - v) / v, 2)
         except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timing stands
-            rec.cross["cross_error"] = _one_line(e)
+            rec.cross["cross_error"] = one_line(e)
 
 
 @register
@@ -200,9 +189,6 @@ class Nvbench(Pass):
     nvbench's per-launch times and their difference to moebench's number."""
 
     name = "nvbench"
-    columns = ("cross.nvbench_batch_us", "cross.nvbench_delta_pct", "cross.nvbench_cold_us",
-               "cross.nvbench_cold_delta_pct", "cross.nvbench_noise_pct", "cross.nvbench_cold_samples",
-               "cross.nvbench_batch_samples", "cross.cross_error")
     in_workers = False
     keeps_graphs = True
     keeps_cases = True
@@ -212,9 +198,7 @@ class Nvbench(Pass):
         self.kept: dict[str, dict] = {}  # case id -> timed graphs and what they read
 
     def unavailable(self) -> str | None:
-        from moebench.core.timing import nvbench_unavailable
-
-        why = nvbench_unavailable()
+        why = _timing().nvbench_unavailable()
         if why:
             return (f"--cross-check nvbench: cuda.bench is not importable here ({why}); install it with "
                     "pip install 'moebench[nvbench]' (the cuda-bench wheel, and a cuda-bindings of your CUDA major)")
@@ -225,19 +209,16 @@ class Nvbench(Pass):
                                   "pools": ctx.pools, "launches": ctx.launches_per_graph}
 
     def after_all(self, ctx: AfterAll) -> None:
-        import torch
-
-        from moebench.core.timing import NvbenchItem, nvbench_graphs
-
         todo = [(r, self.kept[r.case_id]) for r in ctx.records
                 if r.status == "ok" and r.timing.get("median_us") is not None and r.case_id in self.kept]
-        items = [NvbenchItem(lambda gs=k["graphs"]: [g.replay() for g in gs], k["launches"] * len(k["graphs"]))
+        timing = _timing()
+        items = [timing.NvbenchItem(lambda gs=k["graphs"]: [g.replay() for g in gs], k["launches"] * len(k["graphs"]))
                  for _, k in todo]
         try:
-            results = nvbench_graphs(items, torch.cuda.current_device()) if items else []
+            results = timing.nvbench_graphs(items, timing.torch.cuda.current_device()) if items else []
         except Exception as e:  # noqa: BLE001 - a failed cross-check is noted, the timings stand
             for rec, _ in todo:
-                rec.cross["cross_error"] = f"nvbench: {_one_line(e)}"
+                rec.cross["cross_error"] = f"nvbench: {one_line(e)}"
             results = []
         for (rec, k), got in zip(todo, results):
             # against the same graphs: the mean of the kept groups' medians (the first `groups`)
@@ -266,7 +247,6 @@ class Profiler(Pass):
     own after all timing; node gap = graph-replay time - kernel time."""
 
     name = "profiler"
-    columns = ("cross.kernel_us", "cross.node_gap_us", "cross.cross_error")
     in_workers = False
     keeps_cases = True
     announce = "profiler pass (CUPTI kernel times)"
@@ -279,8 +259,6 @@ class Profiler(Pass):
         self.kept[ctx.case.id] = ([b.launch for b in ctx.builts], list(ctx.held))
 
     def after_all(self, ctx: AfterAll) -> None:
-        from moebench.core.timing import profiler_kernel_us
-
         by_id = {c.id: c for c in ctx.cases}
         pipe = ctx.pipeline
         for rec in ctx.records:
@@ -294,12 +272,12 @@ class Profiler(Pass):
                     mine = rec.timing["median_us"]
                 else:  # against the same placements: with placement groups, group 0's median
                     mine = group_medians(rec)[0]
-                v = profiler_kernel_us(fns, pipe.launches_per_graph(case))
+                v = _timing().profiler_kernel_us(fns, pipe.launches_per_graph(case))
                 if v is not None:
                     rec.cross["kernel_us"] = round(v, 4)
                     rec.cross["node_gap_us"] = round(mine - v, 4)
             except Exception as e:  # noqa: BLE001
-                rec.cross["cross_error"] = _one_line(e)
+                rec.cross["cross_error"] = one_line(e)
 
     def release(self) -> None:
         self.kept.clear()
@@ -316,21 +294,16 @@ class Counters(Pass):
     record says so in one line and the run goes on: the pass is not refused on the CPU."""
 
     name = "counters"
-    columns = ("cross.counters", "cross.verdict", "cross.work_check")
     cuda_only = False  # unavailable, not refused: the columns say what is missing
     in_workers = True  # its after_all runs in the driver's process and needs nothing a worker kept
     announce = "counters pass (Nsight Compute: one graph replay per case, in a child process)"
 
     def after_all(self, ctx: AfterAll) -> None:
-        from moebench.core.counters import collect
-        from moebench.sources import plugins
-
-        environ = getattr(ctx.pipeline, "environ", None)
         try:
-            collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
-                    environ=environ, plugins=[p["path"] for p in plugins.loaded()])
+            counters.collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
+                    environ=ctx.environ, plugins=[p["path"] for p in plugins.loaded()])
         except Exception as e:  # noqa: BLE001 - the timings stand; every record says what went wrong
             for rec in ctx.records:
                 if rec.status == "ok" and "verdict" not in rec.cross:
                     rec.cross["counters"] = {"unavailable": f"the counters pass failed: {type(e).__name__}: "
-                                                            f"{_one_line(e)}"}
+                                                            f"{one_line(e)}"}

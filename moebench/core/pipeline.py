@@ -12,9 +12,14 @@ kernel not installed here) is recorded as `unavailable` with what to install.
 A bad variant fails only its own cases: the variants of a shape share its input sets, so set 0 is
 copied as built (`_Pristine`) and put back before each variant, and a variant that wrote outside its
 output (the poisoned guard cells) or into an input fails with that said, while the others pass. A
-`sys.exit()` in a builder, launch or input builder is that case's error. A background input build
-still running at the case limit is left behind (`_DaemonPool`), so neither the next shape nor the
-end of the run waits for it. A crash of the process itself is the driver's business (`--isolate`).
+`sys.exit()` or `os._exit()` in a builder, launch or input builder is that case's error, and a
+plugin's error names its FILE:LINE. A background input build still running at the case limit is
+left behind (moebench.core.prefetch), so neither the next shape nor the end of the run waits for
+it. A crash of the process itself is the driver's business (`--isolate`).
+
+Under the interpreter a check can pass without proving anything: a kernel whose code names
+something undefined fails the case (a GPU would not compile it), and a checked launch that ran no
+program of its kernels is `vacuous` (a mismatch), not exact.
 
 Each launch value is resolved once per case, in `resolve`: the spec's value, a kill-switch variable
 (MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) read from the injected `environ` or its
@@ -38,24 +43,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from moebench.core.cases import Case, baseline_case, shape_key
-from moebench.core.device import DeviceInfo
+from moebench.core.device import DeviceInfo, interpreter_without_discarded_checks
+from moebench.core.family import Check
 from moebench.core.passes import CaseDone, Pass
 from moebench.core.placements import Placements, Timer, floors, occupancy
 from moebench.core.records import Record
 from moebench.core.spec import Spec, Timing
+from moebench.core.text import one_line
+from moebench.core.tritonpatch import launches, specializations, undefined_names
 from moebench.errors import Unavailable
-from moebench.core.family import Check
+from moebench.sources.plugins import user_code, where_in_plugin
 
-# Background input building (untimed runs only: `verify`, interpreter runs). Workers: half the
-# cores, at most 8 (torch's own CPU kernels already use several threads each); $MOEBENCH_PREFETCH
-# sets the number, 0 turns it off. Each worker keeps two shapes in flight.
-PREFETCH_MAX_WORKERS = 8
-PREFETCH_DEPTH_PER_WORKER = 2
-# A timed run builds every shape's input sets before its first case, in parallel, when they fit
-# together in this much memory (4 GiB, and a quarter of what is free): count-block's take 16 MiB,
-# act-grid's about 1 GiB. Otherwise each shape is built when its first case comes, as before.
-PREBUILD_MAX_BYTES = 4 << 30
-PREBUILD_FREE_SHARE = 0.25
 # Each shape's checked input set (set 0) is copied as built, so that what one variant does to it (a
 # store past its output into the poisoned guard cells, a write into an input) is undone before the
 # next variant and blamed on the variant that did it. Up to this many bytes of copies, smallest
@@ -109,16 +107,39 @@ def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ
             spec.family.resolve(v.name, dict(cases[0].params), device, environ)
 
 
+def _torch():
+    """torch, imported when a case first needs it: the run driver also runs host-only families,
+    whose runs import no torch."""
+    import torch
+
+    return torch
+
+
 class CaseTimeLimit(Exception):
     """A case ran past Options.case_limit_s under the interpreter."""
+
+
+def case_error(e: BaseException) -> str:
+    """A failed case's error as one line: the exception (the case limit, where the interpreter
+    wrapped it in its own), and where in a plugin's file it was raised (FILE:LINE) when it was. A
+    sys.exit() or os._exit() in a builder, launch, input builder or reference is that case's error."""
+    at = where_in_plugin(e)
+    at = f" (at {at})" if at else ""
+    if isinstance(e, SystemExit):
+        return (f"SystemExit: the case called {getattr(e, 'how', 'sys.exit')}({e.code!r}){at} (in its variant's "
+                "builder or launch, or its family's inputs or reference); a variant returns or raises, it does not "
+                "end the run")
+    limit = e
+    while limit is not None and not isinstance(limit, CaseTimeLimit):  # the interpreter wraps what it met
+        limit = limit.__cause__ or limit.__context__
+    e = limit or e
+    return f"{type(e).__name__}: {one_line(e)}{at}"
 
 
 @contextmanager
 def _time_limit(seconds: float | None) -> Iterator[None]:
     """Raise CaseTimeLimit in this (main) thread once `seconds` have passed, and every second after
     that in case something swallowed the first one; a no-op without a limit or off the main thread."""
-    import threading
-
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -175,60 +196,33 @@ class CasePipeline:
         self.phases: dict[str, float] = defaultdict(float)  # wall seconds per phase of the cases
         self._phase_lock = threading.Lock()
         if device.backend == "interpret":
-            from moebench.core.device import interpreter_without_discarded_checks
-
             interpreter_without_discarded_checks()
 
     @property
     def jit_specializations(self) -> int:
         return len(self._compiled)
 
-    def prebuild_fits(self, cases: list[Case]) -> bool:
-        """Whether every shape's timing input sets together fit the prebuild budget (a share of the
-        free device memory), so a timed run can build them all up front."""
-        if self.torch_device != "cuda":
-            return False
-        import torch
-
-        need, seen = 0, set()
-        for c in cases:
-            key = shape_key(c, self.fam.shape_params)
-            if key not in seen:
-                seen.add(key)
-                need += self.impl.input_bytes(c.params) * self.placements.n_sets(c.params)
-        free, _ = torch.cuda.mem_get_info()
-        return need <= min(PREBUILD_MAX_BYTES, PREBUILD_FREE_SHARE * free)
-
     def run_case(self, case: Case) -> Record:
         rec = Record(self.spec.name, self.fam.name, case.id, case.variant, case.label, "ok",
                      params={k: v for k, v in case.params.items()})
         try:
-            params, sources = self.resolve(case)
-            rec.launch = {k: params[k] for k in sources}
-            rec.launch_from = sources
-            if self.fam.host_only:
-                rec.work = self.fam.builder(case.variant)(params)
-                return rec
-            with _time_limit(self.opts.case_limit_s if self.device.backend == "interpret" else None):
-                self._kernel_case(case, params, rec)
+            with user_code():  # an os._exit in a builder, launch, input builder or reference: this case's error
+                params, sources = self.resolve(case)
+                rec.launch = {k: params[k] for k in sources}
+                rec.launch_from = sources
+                if self.fam.host_only:
+                    rec.work = self.fam.builder(case.variant)(params)
+                    return rec
+                with _time_limit(self.opts.case_limit_s if self.device.backend == "interpret" else None):
+                    self._kernel_case(case, params, rec)
         except KeyboardInterrupt:
             raise
         except Unavailable as e:
             rec.status = "unavailable"
             rec.error = str(e)
-        except SystemExit as e:  # a plugin's builder, launch or input builder: that case fails, the run goes on
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
             rec.status = "error"
-            rec.error = (f"SystemExit: the case called sys.exit({e.code!r}) (in its variant's builder or launch, or "
-                         "its family's inputs or reference); a variant returns or raises, it does not end the run")
-            if self.opts.traceback:
-                rec.error += "\n" + traceback.format_exc()
-        except Exception as e:  # noqa: BLE001 - a failing case is recorded; the sweep goes on
-            rec.status = "error"
-            rec.error = f"{type(e).__name__}: {_one_line(e)}"
-            while e is not None and not isinstance(e, CaseTimeLimit):  # the interpreter wraps what it met
-                e = e.__cause__ or e.__context__
-            if e is not None:
-                rec.error = f"{type(e).__name__}: {_one_line(e)}"
+            rec.error = case_error(e)
             if self.opts.traceback:
                 rec.error += "\n" + traceback.format_exc()
         return rec
@@ -277,8 +271,8 @@ class CasePipeline:
 
     def _build_shape(self, case: Case) -> tuple[list, list, Any, "_Pristine"]:
         """A shape's input sets, its reference and the copy of set 0 as built, for the background
-        (see _Ahead)."""
-        with self._phase("inputs + reference (background threads)"):
+        (moebench.core.prefetch), with os._exit an error there too (user_code)."""
+        with self._phase("inputs + reference (background threads)"), user_code():
             sets, pools = self._build_sets(case, self.placements.n_sets(case.params))
             pristine = _Pristine(sets[0], PRISTINE_MAX_BYTES)
             if self.fam.reference_after_build:
@@ -315,9 +309,7 @@ class CasePipeline:
         per = self.impl.input_bytes(case.params)
         need = per * n_sets + min(per, PRISTINE_MAX_BYTES)  # and the copy of set 0 as built (_Pristine)
         if self.torch_device == "cuda":
-            import torch
-
-            free, _ = torch.cuda.mem_get_info()
+            free, _ = _torch().cuda.mem_get_info()
             where = self.device.name
         else:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -338,7 +330,7 @@ class CasePipeline:
         if key not in self._base:
             base = baseline_case(self.spec, case)
             params, _ = self.resolve(base)
-            built = self.fam.builder(base.variant)(inp, params, self.device)
+            built = self.fam.build(base.variant, inp, params, self.device)
             self._first_launch(built)
             self._base[key] = built.output.clone()
         return self._base[key]
@@ -347,24 +339,19 @@ class CasePipeline:
         """The launch closures of a case over its input sets (for a pass that profiles a case it did
         not see timed: a resumed one)."""
         params, _ = self.resolve(case)
-        builder = self.fam.builder(case.variant)
-        return [builder(s, params, self.device).launch for s in self.inputs(case)]
+        return [self.fam.build(case.variant, s, params, self.device).launch for s in self.inputs(case)]
 
     # ------------------------------------------------------------------ launching
 
     def _sync(self) -> None:
         if self.torch_device == "cuda":
-            import torch
-
-            torch.cuda.synchronize()
+            _torch().cuda.synchronize()
 
     def _first_launch(self, built) -> float | None:
         """Reset and run once: the launch whose output is checked, and the one that compiles a new
         JIT specialization, so compiling stays out of any timing. Returns the seconds of this
         launch when Triton prepared a new specialization in it (compile time plus one run of the
         kernel), else None. Triton says which (moebench.core.tritonpatch.specializations)."""
-        from moebench.core.tritonpatch import specializations
-
         built.reset()
         with specializations() as new:
             t0 = self.clock()
@@ -380,7 +367,9 @@ class CasePipeline:
     # ------------------------------------------------------------------ one case
 
     def _kernel_case(self, case: Case, params: dict, rec: Record) -> None:
-        builder = self.fam.builder(case.variant)
+        def build(inputs):
+            return self.fam.build(case.variant, inputs, params, self.device)
+
         key = shape_key(case, self.fam.shape_params)
         with self._phase("inputs"):
             sets = self.inputs(case)
@@ -394,7 +383,7 @@ class CasePipeline:
             with self._phase("reference"):
                 expected = self.reference(case, inp)
         with self._phase("build closures"):
-            built = builder(inp, params, self.device)
+            built = build(inp)
         # after the build: a family's reference may read what its builder prepared (the layer's
         # activation-alone scope reads the FC1 output the step wrote)
         if self.fam.reference_after_build:
@@ -407,9 +396,14 @@ class CasePipeline:
         # checked launch: reset/poison, one launch (it also compiles, outside any timing), then
         # compare to torch, right away (the guard cells are the variant's alone), and to the
         # baseline launch on the same inputs (which reuses them, so the output is copied first)
-        with self._phase("compile + checked launch"):
+        with self._phase("compile + checked launch"), launches() as ran:
             compile_s = self._first_launch(built)
         rec.timing["compile_s"] = round(compile_s, 4) if compile_s is not None else None
+        for fn, _ in ran:  # under the interpreter: a kernel a GPU would refuse to compile fails here too
+            for name, line in undefined_names(fn)[:1]:
+                raise NameError(f"kernel {fn.__qualname__} reads {name!r} at {fn.__code__.co_filename}:{line}, "
+                                "which is not defined: it would not compile (the Triton interpreter runs a line "
+                                "only when it is reached, and this case never reached it)")
         with self._phase("check"):
             out = built.output
             chk: Check = self.impl.check(inp, out, expected, case.params)
@@ -418,17 +412,21 @@ class CasePipeline:
             mine = out.clone() if self.spec.baseline and not inexact else None
             damage = self._damage(pristine, built, key, fresh)  # before the baseline launch reads the inputs
         if mine is not None:
-            import torch
-
             with self._phase("baseline launch"):
                 base = self.baseline_output(case, inp)
             with self._phase("check"):
-                rec.checks["baseline_equal"] = bool(torch.equal(mine, base))
+                rec.checks["baseline_equal"] = bool(_torch().equal(mine, base))
         elif inexact:
             rec.checks["baseline_equal"] = None
             rec.checks["baseline_skipped"] = inexact
         rec.checks.update(vacuity)
-        if not chk.ok or rec.checks.get("baseline_equal") is False or damage:
+        if chk.ok and ran and not any(n for _, n in ran):
+            rec.checks["ref_check"] = "vacuous"
+            rec.status, rec.error = "mismatch", (
+                f"vacuous: the launch ran no program of {', '.join(sorted({f.__qualname__ for f, _ in ran}))} (a grid "
+                "of 0), so its output equals the reference without the kernel doing anything; size the grid from "
+                "the capacity, not from the count of this step")
+        elif not chk.ok or rec.checks.get("baseline_equal") is False or damage:
             rec.status = "mismatch"
             rec.error = (chk.detail if not chk.ok else damage if damage else
                          "differs from the baseline launch (torch.equal)")
@@ -444,9 +442,9 @@ class CasePipeline:
             copies = self.placements.copies(case.params, sets)
         rotation = sets + [c for c, _ in copies]
         with self._phase("build closures"):
-            builts = [built] + [builder(s, params, self.device) for s in rotation[1:]]
+            builts = [built] + [build(s) for s in rotation[1:]]
         with self._phase("timing"):
-            self._time(case, rec, builts, lambda inp_: builder(inp_, params, self.device), rotation, copies)
+            self._time(case, rec, builts, build, rotation, copies)
         with self._phase("check"):
             damage = self._damage(pristine, built, key, (False, False))  # what the timed launches did
         if damage and rec.status == "ok":
@@ -494,9 +492,7 @@ class CasePipeline:
 def _tensors(obj, name: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
     """(field name, tensor) for every tensor an input set holds: its dataclass fields or attributes,
     and the items of its lists, tuples and dicts, three levels down."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, _torch().Tensor):
         yield name or "inputs", obj
         return
     if depth > 3 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
@@ -519,8 +515,7 @@ class _Pristine:
     `restore` puts them back; `damage` says what a launch changed besides its output."""
 
     def __init__(self, inp, budget: int):
-        import torch
-
+        torch = _torch()
         storages: dict[tuple, tuple[Any, list[str]]] = {}
         for name, t in _tensors(inp):
             st = t.untyped_storage()
@@ -544,8 +539,7 @@ class _Pristine:
         `workspace` fields (tensors its launches write besides the output, e.g. the layer's
         scratch): bytes of the output's buffer around it (its guard cells), and other storages
         (the variant's inputs). "" when nothing did."""
-        import torch
-
+        torch = _torch()
         outs = {}  # storage pointer -> (first byte, end byte) the output may write
         for _, t in _tensors(output):
             st = t.untyped_storage()
@@ -569,162 +563,3 @@ class _Pristine:
             what.append(f"changed its input{'s' if len(inputs) > 1 else ''} {', '.join(inputs)} (a launch may write "
                         "only its output; restored for the other variants)")
         return "; ".join(what)
-
-
-def _one_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return (s[0] if s else repr(e))[:300]
-
-
-def shape_major(cases: list[Case], shape_params: tuple[str, ...]) -> list[Case]:
-    """The same cases, those of one shape (one set of inputs, one reference) next to each other, in
-    the order shapes first appear. For untimed runs: each shape's inputs are built once and can be
-    dropped after its last case. Records are put back in spec order at the end."""
-    groups: dict[tuple, list[Case]] = {}
-    for c in cases:
-        groups.setdefault(shape_key(c, shape_params), []).append(c)
-    return [c for g in groups.values() for c in g]
-
-
-def prefetch_workers(environ: Mapping[str, str] | None = None) -> int:
-    """Background threads that build inputs ahead in untimed runs ($MOEBENCH_PREFETCH; 0 = none)."""
-    raw = (os.environ if environ is None else environ).get("MOEBENCH_PREFETCH", "").strip()
-    if raw:
-        try:
-            return max(0, int(raw))
-        except ValueError:
-            pass
-    return max(1, min(PREFETCH_MAX_WORKERS, (os.cpu_count() or 2) // 2))
-
-
-class _DaemonPool:
-    """A pool of daemon threads running submitted calls into Futures. Unlike ThreadPoolExecutor's
-    workers (joined at interpreter exit), a thread stuck for good in a call (a plugin's input
-    builder that never returns) holds up neither `shutdown` nor the process's exit: `abandon` the
-    call's Future and a fresh thread takes the stuck one's place."""
-
-    def __init__(self, workers: int, name: str):
-        import queue
-
-        self.name = name
-        self.queue: Any = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.running: dict[threading.Thread, Any] = {}  # thread -> the Future it runs (None: idle)
-        self.stuck: set[threading.Thread] = set()
-        for _ in range(max(1, workers)):
-            self._start()
-
-    def _start(self) -> None:
-        t = threading.Thread(target=self._work, name=f"{self.name}-{len(self.running) + len(self.stuck)}", daemon=True)
-        with self.lock:
-            self.running[t] = None
-        t.start()
-
-    def _work(self) -> None:
-        me = threading.current_thread()
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            fut, fn, args = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            with self.lock:
-                self.running[me] = fut
-            try:
-                result = fn(*args)
-            except BaseException as e:  # noqa: BLE001 - surfaces in the case that needs it
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
-            with self.lock:
-                if me in self.stuck:  # it was given up on: another thread took its place
-                    return
-                self.running[me] = None
-
-    def submit(self, fn: Callable, *args):
-        from concurrent.futures import Future
-
-        fut = Future()
-        self.queue.put((fut, fn, args))
-        return fut
-
-    def abandon(self, fut) -> None:
-        """Give up on `fut`: the thread running it is left alone and another starts in its place."""
-        fut.cancel()
-        with self.lock:
-            held = [t for t, f in self.running.items() if f is fut]
-            for t in held:
-                del self.running[t]
-                self.stuck.add(t)
-        if held:
-            self._start()
-
-    def shutdown(self) -> None:
-        """Cancel what has not started, then wait for the calls running, except those abandoned."""
-        import queue
-
-        while True:
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[0].cancel()
-        with self.lock:
-            live = list(self.running)
-        for _ in live:
-            self.queue.put(None)
-        for t in live:
-            t.join()
-
-
-class _Ahead:
-    """Builds the inputs and references of shapes on background threads. In an untimed run it keeps
-    the next shapes in flight while the main thread runs the current case (`feed`); in a timed run
-    it builds every shape before the first case (`build_all`), so nothing runs in the background
-    while anything is timed. Family input builders seed their own generators, so the data does not
-    depend on which thread built it. A failure surfaces in the case that needs the shape; a build
-    still running at that case's limit is given up (its thread left behind, another in its place),
-    so the next shapes and the end of the run do not wait for it."""
-
-    def __init__(self, pipeline: "CasePipeline", cases: list[Case]):
-        self.s = pipeline
-        workers = prefetch_workers(pipeline.environ)
-        self.depth = workers * PREFETCH_DEPTH_PER_WORKER
-        keys = [shape_key(c, pipeline.fam.shape_params) for c in cases]
-        first: dict[tuple, int] = {}
-        for i, k in enumerate(keys):
-            first.setdefault(k, i)
-        self.shapes = list(first.items())  # (key, first case index) in order
-        self.pos = {k: j for j, (k, _) in enumerate(self.shapes)}
-        self.keys, self.cases = keys, cases
-        self.next = 0
-        self.pool = _DaemonPool(workers, "moebench-inputs")
-        pipeline._abandon = self.pool.abandon
-
-    def feed(self, i: int) -> None:
-        """Case i is next: keep the shapes up to `depth` past its own submitted."""
-        here = self.pos[self.keys[i]]
-        s = self.s
-        while self.next < len(self.shapes) and self.next <= here + self.depth:
-            key, j = self.shapes[self.next]
-            if self.next > here and key not in s._inputs and key not in s._ahead:
-                s._ahead[key] = self.pool.submit(s._build_shape, self.cases[j])
-            self.next += 1
-
-    def build_all(self) -> None:
-        """Every shape, now, in parallel; returns when all are built (or failed)."""
-        from concurrent.futures import wait
-
-        s = self.s
-        for key, j in self.shapes:
-            if key not in s._inputs and key not in s._ahead:
-                s._ahead[key] = self.pool.submit(s._build_shape, self.cases[j])
-        wait(list(s._ahead.values()))
-        self.next = len(self.shapes)
-
-    def close(self) -> None:
-        self.pool.shutdown()
-        self.s._ahead.clear()
-        self.s._abandon = None

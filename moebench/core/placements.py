@@ -11,11 +11,12 @@ against.
 - `floors` and `occupancy`: a timed record's copy-ceiling and empty-kernel floors, and the
   arithmetic occupancy of its launch.
 
-Torch is imported only where memory is allocated on a GPU.
+Torch is imported only where memory is allocated or a case is timed, on a GPU.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from contextlib import contextmanager
@@ -87,8 +88,6 @@ class Placements:
     def copy_set(self, inp, index: int) -> tuple[Any, Any]:
         """A copy of an input set in fresh memory (views kept as views): the same data at another
         placement, the `index`-th of its rotation. Returns (copy, its pool or None)."""
-        import copy
-
         with self._placement(index) as pool:
             return copy.deepcopy(inp), pool
 
@@ -161,7 +160,7 @@ class Timer:
         closures from `rebuild`. `held`: copies group 0 reads, kept alive with its graph.
         `keep_graphs`: keep the captured graphs (and what they read) for a pass."""
         if self._time_groups is None:
-            from moebench.core.timing import time_groups
+            from moebench.core.timing import time_groups  # torch: the timer runs on a GPU only
         else:
             time_groups = self._time_groups
         t = self.timing

@@ -111,3 +111,8 @@ def safe_stem(name: Any) -> str | None:
     """`name` when it can name a file inside a folder and nothing else (STEM_RE), else None."""
     return name if isinstance(name, str) and STEM_RE.fullmatch(name) else None
 
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message as one line for a record or a message: its first line (its repr when
+    it has no message), at most `limit` characters."""
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else repr(e))[:limit]

@@ -10,7 +10,8 @@ With several closures (cold-L2 rotation, or warm placements: one per input-buffe
 of the graph is closure i % len(closures), so consecutive launches touch different buffers.
 
 `time_groups` times several such graphs, each over its own buffer placements, with their replays
-interleaved round by round; `time_graph` is the one-group case. The cross-checks live here too:
+interleaved round by round; `time_graph` is the one-group case. The empty kernel a launch is read
+against (`empty_launch`) and the cross-checks live here too:
 triton's do_bench_cudagraph, the PyTorch profiler's kernel time, and NVIDIA's nvbench.
 """
 
@@ -19,11 +20,20 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+
+import torch
+import triton
+from torch.profiler import ProfilerActivity, profile
+from triton.testing import do_bench_cudagraph
+
+from moebench.core.text import one_line
 
 Launch = Callable[[], None]
 # capture(fresh=True) runs a full garbage collection only when the allocator holds more than this
@@ -42,12 +52,6 @@ class Samples:
     graphs: list = field(default_factory=list, repr=False)  # the captured graphs, when kept
 
 
-def _torch():
-    import torch
-
-    return torch
-
-
 def capture(fns: Sequence[Launch], launches: int, warmup: int, fresh: bool = True):
     """Warm up on a side stream (`warmup` rounds of every closure), then capture `launches`
     launches into one CUDA graph. `fresh`: before capturing, hand the allocator's free cached
@@ -57,7 +61,6 @@ def capture(fns: Sequence[Launch], launches: int, warmup: int, fresh: bool = Tru
     1.5 s of count-block's cases even once per case (results/h200/TIMER.md). Here the young
     generations are collected, and the whole heap only when the allocator holds over a quarter of
     the device's memory (garbage cycles could be holding input copies)."""
-    torch = _torch()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -108,7 +111,6 @@ def time_groups(
     `max_groups`, and only within `max_seconds`) and go on. Without `enough` the groups present are
     enough. A replay cap per group or the time cap ends the run earlier. With `keep` the graphs
     stay alive in the result (for a later cross-check)."""
-    torch = _torch()
     graphs: list = []
     groups: list[list[float]] = []
     order: list[float] = []
@@ -184,7 +186,6 @@ def time_graph(fns: Sequence[Launch], *, launches_per_graph: int = 200, warmup: 
 def time_events(fn: Launch, *, iters: int = 10, warmup: int = 2) -> list[float]:
     """Plain event timing of one closure, in microseconds per call (for long, bandwidth-bound work
     such as the copy ceiling, where graph replay buys nothing)."""
-    torch = _torch()
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -199,13 +200,27 @@ def time_events(fn: Launch, *, iters: int = 10, warmup: int = 2) -> list[float]:
     return out
 
 
+@triton.jit
+def _empty_kernel(x_ptr):  # (1,) int32, never touched
+    pass
+
+
+def empty_launch(x, grid: int, num_warps: int = 4) -> Launch:
+    """The empty kernel, the floor a launch-bound number is read against: captured and replayed
+    exactly like a measured kernel, so its time is the cost of a graph node that does nothing
+    (launch, schedule `grid` CTAs, retire)."""
+
+    def launch():
+        _empty_kernel[(grid,)](x, num_warps=num_warps)
+
+    return launch
+
+
 # ----------------------------------------------------------------------------------- cross-checks
 
 
 def dobench_cudagraph_us(fn: Launch, rep_ms: int = 200) -> float:
     """Independent cross-check: triton.testing.do_bench_cudagraph's median, in µs per launch."""
-    from triton.testing import do_bench_cudagraph
-
     return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")) * 1e3
 
 
@@ -213,11 +228,6 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
     """Kernel time per launch as the PyTorch profiler (CUPTI) records it over graph replays: pure
     kernel time, without the gap between graph nodes that replay timing includes. A launch of
     several kernels (a whole layer step) counts the sum of its kernels."""
-    torch = _torch()
-    from torch.profiler import ProfilerActivity, profile
-
-    import warnings
-
     graph = capture(fns, launches_per_graph, warmup=1)
     graph.replay()
     torch.cuda.synchronize()
@@ -262,8 +272,7 @@ def nvbench_unavailable() -> str | None:
 
         bench.State  # noqa: B018 - the attribute loads the native extension
     except Exception as e:  # noqa: BLE001 - any failure to load is the answer
-        text = str(e).strip().splitlines()
-        return f"{type(e).__name__}: {text[0] if text else ''}".strip().rstrip(":")
+        return f"{type(e).__name__}: {one_line(e)}"
     if _NVBENCH_RAN:
         return "cuda.bench already ran its benchmarks in this process (it runs them once per process)"
     return None
@@ -290,7 +299,6 @@ def nvbench_graphs(items: Sequence[NvbenchItem], device_index: int = 0, log_dir:
         raise RuntimeError(f"nvbench: {problem}")
     import cuda.bench as bench
 
-    torch = _torch()
     log_dir = Path(log_dir or os.environ.get("MOEBENCH_NVBENCH_DIR") or tempfile.mkdtemp(prefix="moebench-nvbench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     json_path, log_path = log_dir / "nvbench.json", log_dir / "nvbench.log"
@@ -359,8 +367,6 @@ class _fds_to:
         self.path = path
 
     def __enter__(self):
-        import sys
-
         for s in (sys.stdout, sys.stderr):
             try:
                 s.flush()

@@ -16,6 +16,13 @@ the CPU"); each patch's section below says what it changes and why it changes no
 touches what a compiled kernel computes. Tested on triton 3.6 and 3.9 (tests/core/test_tritonpatch.py,
 tests/core/test_interpret.py; `make compat` runs them on 3.6).
 
+**Launch accounting** is not a patch either: under the interpreter `launches()` records each kernel
+a block launched and how many programs it ran (Triton's GridExecutor and the interpreter builder's
+`set_grid_dim`, wrapped once, calling through), and `undefined_names` reads a kernel's code for
+global names that do not exist (a GPU's compile fails on those; the interpreter only when the line
+runs). The case pipeline tells from them a kernel that would not compile, or a launch that ran
+nothing, from one that passed its check.
+
 **Compile accounting** is not a patch: `specializations()` asks Triton which kernels it prepared
 while a block ran. On a GPU that is Triton's `knobs.runtime.jit_post_compile_hook` (3.6 to 3.9:
 called once per new entry of a JIT function's per-device kernel cache, i.e. once per
@@ -30,9 +37,13 @@ values make no new one there (a GPU compiles one per value).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import dataclasses
+import dis
 import functools
 import hashlib
+import importlib
 import inspect
 import os
 import sys
@@ -103,17 +114,23 @@ def enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
 _key_installed = False
 
 
-def _triton_root() -> Path:
-    import triton
+def _triton(name: str = "triton"):
+    """Triton's module `name`, imported when first asked for (every command imports this module, and
+    most never import triton), or None where this triton has no such module."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
-    return Path(triton.__file__).resolve().parent
+
+def _triton_root() -> Path:
+    return Path(_triton().__file__).resolve().parent
 
 
 def signature(root: Path | None = None) -> str:
     """A hash of what triton_key() reads, by name, size and modification time: runtime/cache.py,
     everything under compiler/, backends/ and language/, and _C/libtriton.<ext>."""
-    import triton
-
+    triton = _triton()
     root = root or _triton_root()
     ext = (sysconfig.get_config_var("EXT_SUFFIX") or ".so").split(".")[-1]
     files = [root / "runtime" / "cache.py", root / "_C" / f"libtriton.{ext}"]
@@ -133,14 +150,9 @@ def signature(root: Path | None = None) -> str:
 
 def cache_dir() -> Path:
     """Triton's cache directory (its knob, else TRITON_CACHE_DIR, else ~/.triton/cache)."""
-    try:
-        from triton import knobs
-
-        d = knobs.cache.dir
-        if d:
-            return Path(d)
-    except (ImportError, AttributeError):
-        pass
+    d = getattr(getattr(_triton("triton.knobs"), "cache", None), "dir", None)
+    if d:
+        return Path(d)
     return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
 
 
@@ -174,10 +186,7 @@ def install_key_cache() -> bool:
         return True
     if not enabled("key_cache"):
         return False
-    try:
-        import triton.runtime.cache as cache
-    except ImportError:
-        return False
+    cache = _triton("triton.runtime.cache")
     original = getattr(cache, "triton_key", None)
     if original is None:
         return False
@@ -191,13 +200,9 @@ def install_key_cache() -> bool:
         return remembered(original, cache_dir() / "moebench-triton-key", sig)
 
     cache.triton_key = triton_key
-    try:
-        import triton.runtime.autotuner as autotuner
-
-        if getattr(autotuner, "triton_key", None) is original:
-            autotuner.triton_key = triton_key
-    except ImportError:
-        pass
+    autotuner = _triton("triton.runtime.autotuner")
+    if getattr(autotuner, "triton_key", None) is original:
+        autotuner.triton_key = triton_key
     _key_installed = True
     return True
 
@@ -208,9 +213,8 @@ def install_key_cache() -> bool:
 def interpreter_patches() -> dict[str, bool]:
     """Apply the interpreter's patches that are switched on (nothing on a GPU run takes these
     paths). Returns which were installed by this call."""
-    try:
-        from triton.runtime import interpreter as it
-    except ImportError:
+    it = _triton("triton.runtime.interpreter")
+    if it is None:
         return {}
     return {"lang_once": enabled("lang_once") and patch_lang_once(it),
             "scalar_squeeze": enabled("scalar_squeeze") and squeeze_scalars(it),
@@ -293,13 +297,7 @@ def skip_overflow_checks(it=None) -> bool:
     `device_assert`, which returns at once unless `debug` is set (triton/language/semantic.py, 3.6
     to 3.9). With `debug` off, turning it off changes no result and no check; with `debug` on it
     stays on. True when it changed the interpreter's options."""
-    import dataclasses
-
-    if it is None:
-        try:
-            from triton.runtime import interpreter as it
-        except ImportError:
-            return False
+    it = it or _triton("triton.runtime.interpreter")
     builder = getattr(it, "interpreter_builder", None)
     opts = getattr(builder, "options", None)
     if opts is None or getattr(opts, "debug", True) or not getattr(opts, "sanitize_overflow", False):
@@ -350,11 +348,7 @@ def _hook() -> bool:
     runs), again if something replaced it since. False where this triton has no such knob."""
     global _hooked
     with _hook_lock:
-        try:
-            from triton import knobs
-        except ImportError:
-            return False
-        runtime = getattr(knobs, "runtime", None)
+        runtime = getattr(_triton("triton.knobs"), "runtime", None)
         if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
             return False
         before = runtime.jit_post_compile_hook
@@ -371,11 +365,8 @@ def _hook() -> bool:
 
 
 def _interpreted() -> set:
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:
-        return set()
-    return set(getattr(InterpretedFunction, "rewritten_fn", {}))
+    fn = getattr(_triton("triton.runtime.interpreter"), "InterpretedFunction", None)
+    return set(getattr(fn, "rewritten_fn", {}))
 
 
 @contextlib.contextmanager
@@ -393,3 +384,69 @@ def specializations():
         new.extend(_compiled[start:])
         new.extend(("interpreted", getattr(f, "__module__", None), getattr(f, "__qualname__", repr(f)))
                    for f in _interpreted() - before)
+
+
+# --------------------------------------------------------------------------- launch accounting
+
+_launch_lists: list[list] = []  # the lists of the `launches()` blocks open now
+_grid_hooked = False
+_launching = threading.local()
+
+
+def _hook_grids() -> bool:
+    """Wrap the interpreter's GridExecutor.__call__ (which kernel) and interpreter_builder's
+    set_grid_dim (how many programs) once; False where this triton has neither."""
+    global _grid_hooked
+    it = _triton("triton.runtime.interpreter")
+    executor, builder = getattr(it, "GridExecutor", None), getattr(it, "interpreter_builder", None)
+    if executor is None or not hasattr(builder, "set_grid_dim"):
+        return False
+    with _hook_lock:
+        if not _grid_hooked:
+            call, set_grid_dim = executor.__call__, builder.set_grid_dim
+
+            def launch(self, *args, **kwargs):
+                _launching.fn = self.fn
+                return call(self, *args, **kwargs)
+
+            def grid(nx, ny, nz):
+                for got in _launch_lists:
+                    got.append((getattr(_launching, "fn", None), nx * ny * nz))
+                return set_grid_dim(nx, ny, nz)
+
+            executor.__call__, builder.set_grid_dim = launch, grid
+            _grid_hooked = True
+    return True
+
+
+@contextlib.contextmanager
+def launches():
+    """Yields a list that, when the block ends, holds (kernel function, programs run) for every
+    kernel the Triton interpreter launched during the block; nothing on a GPU."""
+    got: list = []
+    hooked = os.environ.get("TRITON_INTERPRET") == "1" and _hook_grids()
+    if hooked:
+        _launch_lists.append(got)
+    try:
+        yield got
+    finally:
+        if hooked:
+            _launch_lists.remove(got)
+
+
+@functools.lru_cache(maxsize=None)
+def undefined_names(fn) -> tuple[tuple[str, int], ...]:
+    """(name, line) of each global a kernel's code reads that neither its module nor the builtins
+    define: Triton's compiler refuses such a kernel, whether or not the line would run."""
+    out, codes = [], [getattr(fn, "__code__", None)]
+    scope = getattr(fn, "__globals__", {})
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        for ins in dis.get_instructions(code):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval not in scope \
+                    and not hasattr(builtins, ins.argval):
+                out.append((ins.argval, ins.positions.lineno if ins.positions else code.co_firstlineno))
+        codes += [c for c in code.co_consts if hasattr(c, "co_code")]
+    return tuple(dict.fromkeys(out))

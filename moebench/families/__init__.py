@@ -7,10 +7,8 @@ family. This module re-exports them so that plugins written as ``from moebench.f
 FamilySpec, get_family, Built, ...`` keep working; moebench's own code imports moebench.core.family.
 """
 
-from moebench.core.family import (BUILTIN, REQUIRED, Built, Check, DeclarationError, FamilySpec, Param, Preset,
-                                  VariantSpec, broken, catalogue, cdiv, declared_variants, family_error, get_family,
-                                  next_pow2, register_family)
+from moebench.core.family import (BUILTIN, REQUIRED, Built, Check, FamilySpec, Param, Preset, VariantSpec, broken,
+                                  catalogue, cdiv, family_error, get_family, next_pow2, register_family)
 
-__all__ = ["BUILTIN", "REQUIRED", "Built", "Check", "DeclarationError", "FamilySpec", "Param", "Preset", "VariantSpec",
-           "broken", "catalogue", "cdiv", "declared_variants", "family_error", "get_family", "next_pow2",
-           "register_family"]
+__all__ = ["BUILTIN", "REQUIRED", "Built", "Check", "FamilySpec", "Param", "Preset", "VariantSpec", "broken",
+           "catalogue", "cdiv", "family_error", "get_family", "next_pow2", "register_family"]

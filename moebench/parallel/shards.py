@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import heapq
 import re
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from moebench.core.cases import Case
+from moebench.core.family import catalogue
 from moebench.errors import UsageError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from moebench.core.cases import Case
 
 
 # ============================================================================ which shard am I
@@ -118,12 +117,10 @@ def unshard_stem(stem: str) -> str:
 CASE_OVERHEAD = 1 << 22
 
 
-def estimate_cost(case: "Case") -> int:
+def estimate_cost(case: Case) -> int:
     """A cheap host-side cost estimate of one case: CASE_OVERHEAD + the elements it touches, as
     the family's catalogue estimates them (count: (buffer_tokens + tokens) x topk; act: (rows +
     live_rows) x (input + output width)); host-only families cost the overhead alone."""
-    from moebench.core.family import catalogue
-
     fam = catalogue().get(case.family)
     if fam is None or fam.cost is None:
         return CASE_OVERHEAD
@@ -135,7 +132,7 @@ def estimate_cost(case: "Case") -> int:
         return CASE_OVERHEAD
 
 
-def partition(cases: Sequence["Case"], n: int) -> list[list["Case"]]:
+def partition(cases: Sequence[Case], n: int) -> list[list[Case]]:
     """Split cases into n shards of about equal estimated cost.
 
     Longest-processing-time greedy: cases by decreasing cost (ties by position), each to the

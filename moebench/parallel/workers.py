@@ -10,6 +10,7 @@ torch-free at import: the workers import torch only after pinning their GPU.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -17,17 +18,20 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from multiprocessing.connection import wait
+from typing import Any, Iterable, Iterator, Mapping, Sequence, TYPE_CHECKING
 
+from moebench.core import device as dev
+from moebench.core.cases import Case
+from moebench.core.family import catalogue
+from moebench.core.records import Record
+from moebench.core.spec import Spec, load_spec
+from moebench.core.text import one_line
 from moebench.errors import BackendError, UsageError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from moebench.core.cases import Case
-    from moebench.core.records import Record
+if TYPE_CHECKING:  # pragma: no cover - they import torch, which a worker imports only after pinning its GPU
     from moebench.core.passes import Pass
     from moebench.core.pipeline import Options
-    from moebench.core.spec import Spec
 
 
 def _visible_gpus() -> list[str]:
@@ -39,33 +43,38 @@ def _visible_gpus() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
+def device_list(text: str | None) -> list[int] | None:
+    """``all`` -> None, ``0,1,...`` -> those indices: what --devices says, checked before anything
+    asks which GPUs there are (a UsageError names the value and what is accepted)."""
+    t = (text or "").strip()
+    if t.lower() == "all":
+        return None
+    picked: list[int] = []
+    for part in t.split(","):
+        part = part.strip()
+        if not part.isdigit() or not part.isascii():
+            raise UsageError(f"--devices: expected all or comma-separated GPU indices like 0,1,3, got {text!r}")
+        d = int(part)
+        if d in picked:
+            raise UsageError(f"--devices: GPU {d} is listed twice; one worker per GPU")
+        picked.append(d)
+    return picked
+
+
 def parse_devices(text: str) -> list[int]:
     """``all`` or ``0,1,...`` -> the CUDA device indices to run on, one worker process each.
 
     Indices are as this process sees them (inside CUDA_VISIBLE_DEVICES, if set). The GPUs must be
     of one kind: one results file describes one device class."""
+    picked = device_list(text)
     names = _visible_gpus()
-    t = (text or "").strip()
-    if t.lower() == "all":
-        if not names:
-            raise BackendError("--devices all: no CUDA device is visible")
+    if not names:
+        raise BackendError(f"--devices {text.strip()}: no CUDA device is visible")
+    if picked is None:
         picked = list(range(len(names)))
-    else:
-        picked = []
-        for part in t.split(","):
-            part = part.strip()
-            if not part.isdigit() or not part.isascii():
-                raise UsageError(f"--devices: expected all or a comma list of GPU indices like 0,1,3, got {text!r}")
-            d = int(part)
-            if d in picked:
-                raise UsageError(f"--devices: GPU {d} is listed twice; one worker per GPU")
-            picked.append(d)
-        if not names:
-            raise BackendError(f"--devices {t}: no CUDA device is visible")
-        for d in picked:
-            if d >= len(names):
-                raise UsageError(f"--devices: no GPU {d}; this process sees {len(names)} "
-                                 f"(0..{len(names) - 1})")
+    for d in picked:
+        if d >= len(names):
+            raise UsageError(f"--devices: no GPU {d}; this process sees {len(names)} (0..{len(names) - 1})")
     first = picked[0]
     for d in picked[1:]:
         if names[d] != names[first]:
@@ -74,17 +83,17 @@ def parse_devices(text: str) -> list[int]:
     return picked
 
 
-def pool(spec: "Spec", devices: Sequence[int], opts: "Options", *, isolate: bool = False):
+def pool(spec: Spec, devices: Sequence[int], opts: "Options", *, isolate: bool = False):
     """The run driver's `workers` for these GPUs: a callable (cases, passes, environ) -> records.
     `isolate`: a worker that dies (or leaves after a CUDA error) is replaced by a fresh one."""
 
-    def run(cases: Sequence["Case"], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator["Record"]:
+    def run(cases: Sequence[Case], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator[Record]:
         return run_on_devices(spec, cases, devices, opts=opts, passes=passes, environ=environ, respawn=isolate)
 
     return run
 
 
-def isolated(spec: "Spec", opts: "Options", backend: str):
+def isolated(spec: Spec, opts: "Options", backend: str):
     """The run driver's `workers` for `--isolate` on one device: the cases run one at a time in a
     child process, so a case that crashes it (a segfault, an abort, a CUDA error that poisons the
     context) or hangs past the case limit is recorded as failed with what happened, and a fresh
@@ -93,10 +102,9 @@ def isolated(spec: "Spec", opts: "Options", backend: str):
     if backend == "cuda":
         return pool(spec, [0], opts, isolate=True)
 
-    def run(cases: Sequence["Case"], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator["Record"]:
-        return _run_workers(spec.path, cases, ["isolated"], True, opts=opts, sweep=spec.name,
-                            spec_sha256=spec.sha256, labels=["CPU (isolated)"], passes=passes, environ=environ,
-                            respawn=True)
+    def run(cases: Sequence[Case], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator[Record]:
+        return _run_workers(spec, cases, ["isolated"], True, opts=opts, labels=["CPU (isolated)"], passes=passes,
+                            environ=environ, respawn=True)
 
     return run
 
@@ -106,9 +114,9 @@ def isolated(spec: "Spec", opts: "Options", backend: str):
 WATCHDOG_GRACE_S = 10.0
 
 
-def run_on_devices(spec: "Spec", cases: Sequence["Case"], devices: Sequence[int], *,
+def run_on_devices(spec: Spec, cases: Sequence[Case], devices: Sequence[int], *,
                    opts: "Options", passes: Sequence["Pass"] = (),
-                   environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator["Record"]:
+                   environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
     """Run cases on several GPUs of this node, one worker process per GPU; yield records as they finish
     (in completion order). A worker that dies is reported as an error record for the case it held,
     and the others drain the rest (`respawn`: a fresh worker takes its place). The cases travel as
@@ -124,9 +132,8 @@ def run_on_devices(spec: "Spec", cases: Sequence["Case"], devices: Sequence[int]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entries = [e.strip() for e in visible.split(",")] if visible is not None else None
     keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
-    yield from _run_workers(spec.path, cases, keys, interpret=False, opts=opts, sweep=spec.name,
-                            spec_sha256=spec.sha256, labels=[f"GPU {d}" for d in devices], passes=passes,
-                            environ=environ, respawn=respawn)
+    yield from _run_workers(spec, cases, keys, interpret=False, opts=opts, labels=[f"GPU {d}" for d in devices],
+                            passes=passes, environ=environ, respawn=respawn)
 
 
 @dataclass
@@ -147,21 +154,16 @@ class _Worker:
     notes: list[str] = field(default_factory=list)
 
 
-def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Sequence[str], interpret: bool, *,
-                 opts: "Options", sweep: str | None = None, spec_sha256: str | None = None,
-                 labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
-                 environ: Mapping[str, str] | None = None, respawn: bool = False,
-                 _die_on: Mapping[str, int | str] | None = None) -> Iterator["Record"]:
+def _run_workers(spec: Spec, cases: Sequence[Case], worker_keys: Sequence[str], interpret: bool, *,
+                 opts: "Options", labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
+                 environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
     """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
 
     One spawned process per key: a CUDA_VISIBLE_DEVICES value (interpret=False) or just a name
     (interpret=True: the kernels run under TRITON_INTERPRET=1, device info from detect(True)).
     Each worker has its own pipe to this process and asks for work over it, so the parent always
     knows which case a worker holds, and a worker killed at any moment cannot leave a shared queue
-    locked for the others. `_die_on` is for tests: case id -> exit code makes the worker that draws
-    that case exit with that code (a negative code: killed by that signal) instead of running it;
-    case id -> text makes it record that error instead (a CUDA error text: it leaves, as on a GPU);
-    case id -> seconds (a float) makes it hang that long first, deaf to the case's own alarm.
+    locked for the others.
     `passes`: pass instances whose per-case hooks run in every worker (pickled: module-level
     classes); `environ`: the run's environment (kill switches), None: this process's.
     `respawn` (--isolate): a worker that died holding a case, was killed past the case limit or left
@@ -169,20 +171,10 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
     interpreter with a case limit, a worker still holding a case WATCHDOG_GRACE_S past the limit is
     killed and its case recorded as CaseTimeLimit.
     """
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
-    from moebench.core.records import Record
-
     if not cases:
         return
     if not worker_keys:
         raise UsageError("--devices: no devices to run on")
-    if sweep is None or spec_sha256 is None:
-        from moebench.core.spec import load_spec
-
-        spec = load_spec(str(spec_path))
-        sweep, spec_sha256 = sweep or spec.name, spec_sha256 or spec.sha256
     labels = list(labels) if labels is not None else [f"{'CPU' if interpret else 'GPU'} {k}" for k in worker_keys]
     by_id = {c.id: c for c in cases}
     pending = deque(c.id for c in cases)
@@ -193,7 +185,7 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
 
     def dead_record(cid: str, why: str) -> Record:
         c = by_id[cid]
-        return Record(sweep, c.family, c.id, c.variant, c.label, "error", error=why, params=dict(c.params))
+        return Record(spec.name, c.family, c.id, c.variant, c.label, "error", error=why, params=dict(c.params))
 
     def dispatch(w: _Worker) -> None:
         """Hand the worker its next case, or tell it to stop when none is left."""
@@ -229,8 +221,7 @@ def _run_workers(spec_path: str | Path, cases: Sequence["Case"], worker_keys: Se
     def start(key: str, label: str) -> None:
         parent_end, child_end = ctx.Pipe(duplex=True)
         p = ctx.Process(target=_worker_main, name=f"moebench-{label.replace(' ', '')}", daemon=True,
-                        args=(str(key), interpret, str(spec_path), spec_sha256, payload, child_end,
-                              dict(_die_on or {})))
+                        args=(str(key), interpret, str(spec.path), spec.sha256, payload, child_end))
         p.start()
         child_end.close()
         workers.append(_Worker(label, p, parent_end, key=str(key)))
@@ -358,8 +349,7 @@ def _shut_down(workers: Iterable[_Worker]) -> None:
         w.gone = True
 
 
-def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, payload: bytes, conn,
-                 die_on: dict[str, int | str]) -> None:
+def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, payload: bytes, conn) -> None:
     """One worker: pin the device, then run the cases the parent hands over until it says stop."""
     # First, before anything imports torch: the device this process may see, or the interpreter.
     if interpret:
@@ -368,23 +358,20 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         os.environ["CUDA_VISIBLE_DEVICES"] = key
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the workers
     try:
-        cases, opts, passes, environ = pickle.loads(payload)
-        from moebench.core.device import detect
-        from moebench.core.driver import Driver, poisons_context
-        from moebench.core.records import Record
-        from moebench.core.spec import load_spec
-        from moebench.families import catalogue
+        from moebench.core.driver import Driver, poisons_context  # imports torch: after the GPU is pinned
 
-        # the parent's plugin files ($MOEBENCH_PLUGINS) first: a spec's plugins: naming one of them
-        # then finds it loaded (loading the spec first would load it again from inside itself, when
-        # it asks for its family and the catalogue loads $MOEBENCH_PLUGINS)
+        # the parent's plugin files ($MOEBENCH_PLUGINS) first: the passes and variants they register
+        # are unpickled below, and a spec's plugins: naming one of them then finds it loaded
+        # (loading the spec first would load it again from inside itself, when it asks for its
+        # family and the catalogue loads $MOEBENCH_PLUGINS)
         catalogue()
+        cases, opts, passes, environ = pickle.loads(payload)
         spec = load_spec(spec_path)
         if spec_sha256 and spec.sha256 != spec_sha256:
             raise UsageError(f"{spec_path} changed since the sweep started (sha256 {spec.sha256[:12]}, "
                              f"expected {spec_sha256[:12]})")
         spec.timing = opts.timing  # the parent's (an --l2 override lives there)
-        device = detect(interpret)
+        device = dev.detect(interpret)
         clocks = None if interpret else _nvml_index()
         driver = Driver(spec, device, opts, environ=environ, passes=passes)
         if clocks is not None:
@@ -392,7 +379,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         by_id = {c.id: c for c in cases}
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which goes on without us
         try:
-            conn.send(("fatal", f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
+            conn.send(("fatal", f"{type(e).__name__}: {one_line(e)}"))
         finally:
             conn.close()
         sys.exit(1)
@@ -404,19 +391,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
             return
         if cid is None:
             break
-        hook = die_on.get(cid)
-        if isinstance(hook, float):  # test hook: hang this long where the case's own alarm cannot stop it
-            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
-            time.sleep(hook)
-        if isinstance(hook, int):  # test hook: die holding this case
-            if hook < 0:
-                os.kill(os.getpid(), -hook)
-            os._exit(hook)
-        if isinstance(hook, str):  # test hook: this case failed with this error
-            c = by_id[cid]
-            rec = Record(spec.name, c.family, c.id, c.variant, c.label, "error", error=hook, params=dict(c.params))
-        else:
-            rec = driver.run_case(by_id[cid])  # its graphs and placement copies go when it returns
+        rec = driver.run_case(by_id[cid])  # its graphs and placement copies go when it returns
         leaving = None
         if poisons_context(rec):
             leaving = f"{rec.error.splitlines()[0]} (sticky: every later launch in this process would fail)"
@@ -435,8 +410,6 @@ def _nvml_index() -> int | None:
     NVML numbers GPUs physically and ignores CUDA_VISIBLE_DEVICES, so index 0 would read the
     node's first GPU from every worker. Find this GPU's NVML index by UUID; None where NVML or the
     UUID is unavailable."""
-    from moebench.core import device as dev
-
     nv = dev._nvml()
     if nv is None:
         return None

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
@@ -75,23 +76,19 @@ def load_file(path: str | Path, where: str = "--plugin") -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     _CURRENT.append(f"plugin {key}")
+    arrived: list = []
     try:
-        with _time_limit(limit):
+        with _loading(limit, arrived):
             spec.loader.exec_module(module)
     except MoebenchError:
         del sys.modules[name]
         raise
-    except _TooLong as e:
+    except BaseException as e:  # noqa: BLE001 - any failure in a user's file is that file's error, one line
         del sys.modules[name]
-        raise UsageError(f"{where}: {path}{_line_of(e, key)}: still running after {limit:g} s while loading (an "
-                         f"endless loop?); ${LIMIT_ENV} sets the limit in seconds") from None
-    except SystemExit as e:
-        del sys.modules[name]
-        raise UsageError(f"{where}: {path}{_line_of(e, key)}: the plugin called sys.exit({e.code!r}) while "
-                         "loading; a plugin registers variants or a family and returns") from None
-    except Exception as e:  # noqa: BLE001 - any failure in a user's file is that file's error, one line
-        del sys.modules[name]
-        raise UsageError(f"{where}: {path}{_line_of(e, key)}: {type(e).__name__}: {_first(e)}") from None
+        what = _what(e, limit, arrived)
+        if what is None:  # a real Ctrl-C or SIGTERM: the command's own business
+            raise
+        raise UsageError(f"{where}: {path}{_line_of(e, key)}: {what}") from None
     finally:
         _CURRENT.pop()
     _LOADED[key] = (module, digest)
@@ -119,17 +116,16 @@ def load_installed() -> dict[str, str]:
             load_file(p, where=f"${ENV}")
         except UsageError as e:
             failed[f"plugin {p}"] = str(e)
-    from importlib.metadata import entry_points
-
     for ep in entry_points(group=GROUP):
         _CURRENT.append(f"plugin {ep.value} (entry point {ep.name})")
+        arrived: list = []
         try:
-            with _time_limit(import_limit()):
+            with _loading(import_limit(), arrived):
                 ep.load()
-        except (Exception, SystemExit, _TooLong) as e:  # noqa: BLE001 - that plugin's error, one line
-            what = (f"called sys.exit({e.code!r}) while loading" if isinstance(e, SystemExit) else
-                    f"still running after {import_limit():g} s while loading" if isinstance(e, _TooLong) else
-                    f"{type(e).__name__}: {_first(e)}")
+        except BaseException as e:  # noqa: BLE001 - that plugin's error, one line
+            what = _what(e, import_limit(), arrived)
+            if what is None:
+                raise
             failed[f"plugin {ep.value} (entry point {ep.name})"] = f"entry point {ep.name} = {ep.value} ({GROUP}): {what}"
         finally:
             _CURRENT.pop()
@@ -148,6 +144,94 @@ def import_limit() -> float:
     if not value >= 0 or value == float("inf"):
         raise UsageError(f"${LIMIT_ENV}={raw!r}: expected a number of seconds >= 0 (0: no limit)")
     return value
+
+
+def _what(e: BaseException, limit: float, arrived: list) -> str | None:
+    """What a plugin did wrong while it loaded, as a phrase; None for an interrupt that really
+    arrived (a Ctrl-C or SIGTERM while it loaded: the command's to handle)."""
+    if isinstance(e, _TooLong):
+        return f"still running after {limit:g} s while loading (an endless loop?); ${LIMIT_ENV} sets the limit in seconds"
+    if isinstance(e, SystemExit):
+        return (f"the plugin called {getattr(e, 'how', 'sys.exit')}({e.code!r}) while loading; a plugin registers "
+                "variants or a family and returns")
+    if isinstance(e, KeyboardInterrupt):
+        if arrived:
+            return None
+        return ("the plugin raised KeyboardInterrupt while loading, and no interrupt arrived; a plugin registers "
+                "variants or a family and returns")
+    return f"{type(e).__name__}: {_first(e)}"
+
+
+@contextlib.contextmanager
+def _loading(limit: float, arrived: list):
+    """A plugin loading: its time limit, os._exit as an error (user_code), and a note in `arrived`
+    of any SIGINT or SIGTERM that really arrives meanwhile (the handler in force still runs)."""
+    with _time_limit(limit), user_code(), _noting_signals(arrived):
+        yield
+
+
+@contextlib.contextmanager
+def _noting_signals(arrived: list):
+    if threading.current_thread() is not threading.main_thread():
+        arrived.append(None)  # no handler can be set here: any interrupt counts as real
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def note(signum, frame):
+        arrived.append(signum)
+        handler = old[signum]
+        if callable(handler):
+            return handler(signum, frame)
+        if handler != signal.SIG_IGN:  # the default action: end the process as the signal would
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        return None
+
+    for s in old:
+        signal.signal(s, note)
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            if signal.getsignal(s) is note:  # a handler the one in force set meanwhile stays
+                signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+class ExitCalled(SystemExit):
+    """What os._exit raises while user code runs (`user_code`): an exit there is that code's error."""
+
+    how = "os._exit"
+
+
+_REAL_EXIT = os._exit
+_guard = threading.Lock()
+_guarded = 0  # blocks of user code running now (threads, nesting)
+
+
+def _exit_as_error(code: int) -> None:
+    caller = sys._getframe(1).f_globals.get("__name__", "")
+    if caller == "moebench" or caller.startswith("moebench."):  # moebench's own exit (a second Ctrl-C)
+        _REAL_EXIT(code)
+    raise ExitCalled(code)
+
+
+@contextlib.contextmanager
+def user_code():
+    """While the block runs, os._exit called by anything but moebench raises ExitCalled instead of
+    ending the process at once, with no files and no message: a plugin loading, or a case's
+    builder, launch, input builder or reference, is user code, and an exit there is its error."""
+    global _guarded
+    with _guard:
+        _guarded += 1
+        os._exit = _exit_as_error
+    try:
+        yield
+    finally:
+        with _guard:
+            _guarded -= 1
+            if not _guarded:
+                os._exit = _REAL_EXIT
 
 
 class _TooLong(BaseException):
@@ -195,3 +279,18 @@ def _line_of(e: BaseException, path: Path) -> str:
         if Path(fr.filename) == path:
             return f":{fr.lineno}"
     return ""
+
+
+def where_in_plugin(e: BaseException) -> str | None:
+    """FILE:LINE of the innermost frame in a plugin file this process loaded, in `e`'s traceback or
+    those of the exceptions it was raised from, or None: where a plugin's error happened."""
+    files = {str(p) for p in _LOADED}
+    chain: list[BaseException] = []
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for x in reversed(chain):  # innermost first: the interpreter re-raises a kernel's error as its own
+        for fr in reversed(traceback.extract_tb(x.__traceback__)):
+            if fr.filename in files:
+                return f"{fr.filename}:{fr.lineno}"
+    return None

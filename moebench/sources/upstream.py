@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +62,6 @@ def checkout() -> Path | None:
 
 
 def _installed_version() -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(DIST)
     except metadata.PackageNotFoundError:
@@ -77,8 +77,6 @@ def _file_of(module: str, root: Path | None) -> tuple[Path | None, str | None]:
     version = _installed_version()
     if version is None:
         return None, None
-    from importlib import metadata
-
     return Path(str(metadata.distribution(DIST).locate_file(rel))), f"{DIST} {version}"
 
 
@@ -143,8 +141,6 @@ def provenance() -> dict:
 
 
 def _git_head(root: Path) -> str | None:
-    import subprocess
-
     try:
         r = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True, text=True,
                            timeout=5)

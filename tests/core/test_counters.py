@@ -55,13 +55,6 @@ def test_number_reads_units_and_blanks():
     assert K.number("n/a", "%") is None and K.number("", "") is None and K.number("x", "") is None
 
 
-def test_parse_the_raw_page_layout():
-    text = ('==PROF== Connected\n"ID","Kernel Name","Grid Size","Block Size","gpu__time_duration.sum",'
-            '"launch__grid_size"\n"","","","","ns",""\n"0","k","(4, 1, 1)","(128, 1, 1)","2,048","4"\n')
-    (k,) = K.parse_ncu_csv(text)
-    assert k.name == "k" and k.get("gpu__time_duration.sum") == 2048 and k.get("launch__grid_size") == 4
-
-
 def test_no_header_no_kernels():
     assert K.parse_ncu_csv("==ERROR== something\n") == []
 
@@ -319,8 +312,7 @@ def test_the_child_recreates_cases_from_its_job_and_goes_on_past_a_bad_one(tmp_p
 
 def test_the_pass_is_registered_and_not_refused_on_the_cpu():
     cls = P.PASSES["counters"]
-    assert cls.has_after_all() and not cls.keeps_cases and cls.columns == (
-        "cross.counters", "cross.verdict", "cross.work_check")
+    assert cls.has_after_all() and not cls.keeps_cases
     assert [p.name for p in P.select(("counters",), backend="interpret", timed=False, workers=False)] == ["counters"]
     assert [p.name for p in P.select(("counters",), backend="cuda", timed=True, workers=True)] == ["counters"]
 
@@ -450,6 +442,31 @@ def test_the_child_runs_the_launch_values_its_record_ran(monkeypatch, tmp_path):
          "launch": {"block_size": 1024, "grid": 4, "num_warps": 4}}]}
     (entry,) = run(job)
     assert "error" not in entry and seen == [1024]  # the shipped default would be 128
+
+
+def test_the_child_resolves_with_the_runs_environment_from_its_job(monkeypatch, tmp_path):
+    """The job carries the run's kill switches; the child's own environment is never read."""
+    from moebench.core.cases import expand
+    from moebench.core.counters_child import run
+
+    spec = _spec()
+    seen = []
+    real = type(spec.family).build
+
+    def build(self, variant, inputs, params, device):
+        seen.append(params["block_size"])
+        return real(self, variant, inputs, params, device)
+
+    monkeypatch.setattr(type(spec.family), "build", build)
+    monkeypatch.setenv("MCORE_COUNT_TOKENS_BLOCK", "256")  # the child's own: must not count
+    c = expand(spec, quick=True)[0]
+    rec = Record(spec.name, "count", "s", "shipped", "shipped", "ok", params=dict(c.params, block_size=None))
+    case = type(c)(c.family, "shipped", "shipped", dict(c.params, block_size=None), "s")
+    job = K.job_document(spec, [case], [rec], warm_replays=0, manifest=str(tmp_path / "m.json"),
+                         environ={"MCORE_COUNT_TOKENS_BLOCK": "512", "HOME": "/not/a/switch"})
+    assert job["environ"] == {"MCORE_COUNT_TOKENS_BLOCK": "512"}  # the switches only
+    (entry,) = run(json.loads(json.dumps(job)))
+    assert "error" not in entry and seen == [512]
 
 
 def test_an_ncu_without_print_units_is_run_again_without_it(fake_ncu, tmp_path):

@@ -55,6 +55,17 @@ def build_exits(inp, params, device):
     return _counting(inp, params, lambda: sys.exit(5))
 
 
+@COUNT.variant("osexit", doc="calls os._exit(0) in its launch")
+def build_osexit(inp, params, device):
+    return _counting(inp, params, lambda: os._exit(0))
+
+
+@COUNT.variant("typo", doc="reads a parameter the family does not have")
+def build_typo(inp, params, device):
+    start = params["local_start"]
+    return _counting(inp, params, lambda: None)
+
+
 @COUNT.variant("segv", doc="a segfault at launch")
 def build_segv(inp, params, device):
     return _counting(inp, params, lambda: os.kill(os.getpid(), signal.SIGSEGV))
@@ -260,6 +271,47 @@ def test_sys_exit_in_a_launch_fails_that_case_only(tmp_path):
     assert_exact(got["persistent"])
 
 
+def test_os_exit_in_a_launch_fails_that_case_only(tmp_path):
+    """Before: the run ended with exit code 0, no files and no message."""
+    r = moebench("sweep", count_spec(tmp_path, "osx", ["osexit", "persistent"]), "--out", tmp_path)
+    assert r.returncode == 1, r.stderr
+    got = by_variant(tmp_path, "osx")
+    for x in got["osexit"]:
+        assert x["status"] == "error" and "called os._exit(0)" in x["error"], x["error"]
+        assert f"(at {tmp_path / 'bad.py'}:" in x["error"]  # the plugin's line that called it
+    assert_exact(got["persistent"])
+
+
+def test_a_plugin_error_names_its_file_and_line_and_v_keeps_the_traceback(tmp_path):
+    """Before: 'KeyError: 'local_start'' named no file or line, even with -v."""
+    spec = count_spec(tmp_path, "typo", ["typo", "persistent"], tokens=(30,))
+    line = next(i for i, t in enumerate(BAD_PLUGIN.splitlines(), 1) if 'params["local_start"]' in t)
+    for verbose in ([], ["-v"]):
+        r = moebench(*verbose, "sweep", spec, "--out", tmp_path / str(len(verbose)))
+        assert r.returncode == 1, r.stderr
+        (x,) = by_variant(tmp_path / str(len(verbose)), "typo")["typo"]
+        first, *rest = x["error"].splitlines()
+        assert first == f"KeyError: 'local_start' (at {tmp_path / 'bad.py'}:{line})", first
+        assert f"(at {tmp_path / 'bad.py'}:{line})" in r.stdout + r.stderr  # the failures table says where
+        assert bool(rest) == bool(verbose) and (not verbose or "Traceback" in rest[0])
+
+
+@pytest.mark.parametrize("body, says", [
+    ("import os\nos._exit(0)\n", "bad_import.py:2: the plugin called os._exit(0) while loading"),
+    ("raise KeyboardInterrupt\n", "bad_import.py:1: the plugin raised KeyboardInterrupt while loading"),
+])
+def test_an_exit_or_an_interrupt_raised_by_a_plugin_import_is_a_usage_error(tmp_path, body, says):
+    """Before: os._exit(0) at import gave exit 0 with no message and no files; a KeyboardInterrupt
+    raised there (no Ctrl-C arrived) a silent exit 130."""
+    (tmp_path / "bad_import.py").write_text(body)
+    r = moebench("sweep", count_spec(tmp_path, "imp", ["persistent"]), "--plugin", tmp_path / "bad_import.py",
+                 "--out", tmp_path / "out")
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "Traceback" not in line, r.stderr
+    assert says in line and str(tmp_path / "bad_import.py") in line
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("isolate", [False, True], ids=["here", "isolated"])
 def test_a_hung_input_build_stops_at_the_limit_and_the_run_goes_on(tmp_path, isolate):
     """Before (here): the hung build ran on a background thread; the next shape queued behind it and
@@ -286,7 +338,7 @@ def test_a_background_build_given_up_does_not_hold_the_pool():
     shutting the pool down does not wait for it."""
     import threading
 
-    from moebench.core.pipeline import _DaemonPool
+    from moebench.core.prefetch import _DaemonPool
 
     release = threading.Event()
     pool = _DaemonPool(1, "test-pool")
@@ -314,7 +366,7 @@ def test_isolate_records_a_crash_and_runs_the_other_variants(tmp_path):
     got = by_variant(tmp_path, "crash")
     assert got["segv"][0]["status"] == "error" and "SIGSEGV" in got["segv"][0]["error"]
     assert got["aborts"][0]["status"] == "error" and "SIGABRT" in got["aborts"][0]["error"]
-    assert got["raises"][0]["error"] == "ValueError: a plugin bug"
+    assert got["raises"][0]["error"].startswith(f"ValueError: a plugin bug (at {tmp_path / 'bad.py'}:")
     assert_exact(got["persistent"])
     assert "crashed: its process died" in r.stderr
 
@@ -329,24 +381,40 @@ def test_after_a_cuda_error_that_poisons_the_context_the_rest_runs_in_a_fresh_pr
     assert got["persistent"][0]["timing"]["worker"] == "CPU (isolated)"
 
 
-def test_the_watchdog_kills_a_child_deaf_to_the_case_limit(monkeypatch):
+DEAF_PLUGIN = BAD_PLUGIN + '''
+
+@COUNT.variant("deaf", doc="hangs with SIGALRM blocked: the case's own alarm cannot stop it")
+def build_deaf(inp, params, device):
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+    time.sleep(600)
+'''
+
+
+def test_the_watchdog_kills_a_child_deaf_to_the_case_limit(tmp_path, monkeypatch):
     """A hang the child's own alarm cannot stop (C code, a blocked signal): the parent kills the child
     past the limit, records the case, and a fresh child runs the rest."""
+    from clirun import load_plugin
     from moebench.core.cases import expand
     from moebench.core.pipeline import Options
     from moebench.core.spec import load_spec
     from moebench.parallel import workers
 
-    spec = load_spec("count-block")
-    cases = expand(spec, quick=True)[:3]
+    load_plugin(monkeypatch, tmp_path / "deaf.py", "import time\n" + DEAF_PLUGIN)
+    spec_path = count_spec(tmp_path, "deaf", ["persistent", "deaf"], tokens=(0, 30))
+    spec_path.write_text(spec_path.read_text().replace("plugins: [bad.py]\n", ""))
+    spec = load_spec(str(spec_path))
+    cases = [c for c in expand(spec) if c.variant == "deaf" or c.params["tokens"] == 30][:3]
     monkeypatch.setattr(workers, "WATCHDOG_GRACE_S", 0.5)
     opts = Options(timing=spec.timing, time_it=False, case_limit_s=1.0)
-    recs = list(workers._run_workers(spec.path, cases, ["iso"], True, opts=opts, respawn=True,
-                                     _die_on={cases[1].id: 600.0}))
+    recs = list(workers._run_workers(spec, cases, ["iso"], True, opts=opts, respawn=True))
     got = {r.case_id: r for r in recs}
     assert sorted(got) == sorted(c.id for c in cases)
-    assert got[cases[1].id].status == "error" and got[cases[1].id].error.startswith("CaseTimeLimit")
-    assert got[cases[0].id].status == got[cases[2].id].status == "ok"
+    for c in cases:
+        if c.variant == "deaf":
+            assert got[c.id].status == "error" and got[c.id].error.startswith("CaseTimeLimit")
+        else:
+            assert got[c.id].status == "ok"
+    assert sum(c.variant == "deaf" for c in cases) == 2 and len(cases) == 3
 
 
 FAR_STORE_PLUGIN = BAD_PLUGIN + '''
@@ -394,3 +462,31 @@ def test_isolate_on_a_host_only_family_is_one_line(tmp_path, capsys):
 
     code, _, err = run_cli(["sweep", "combine-lds", "--quick", "--isolate", "--out", str(tmp_path)], capsys)
     assert code == 2 and "--isolate: family 'combine' is host-only" in err and "Traceback" not in err
+
+
+def test_a_pass_a_plugin_registers_runs_under_isolate(tmp_path):
+    """--isolate: the child loads the plugin before it unpickles the passes, so the plugin's pass
+    runs there on every case and the provenance lists it (before: 'no worker started', exit 2)."""
+    (tmp_path / "stamp.py").write_text(textwrap.dedent("""\
+        import os
+
+        from moebench.core.passes import Pass, register
+
+
+        @register
+        class Stamp(Pass):
+            name = "stamp"
+            cuda_only = False
+
+            def after_case(self, ctx):
+                ctx.record.cross["stamp_pid"] = os.getpid()
+        """))
+    spec = count_spec(tmp_path, "stamped", ["persistent"])
+    r = moebench("sweep", spec, "--isolate", "--plugin", tmp_path / "stamp.py", "--cross-check", "stamp",
+                 "--out", tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(next(tmp_path.rglob("stamped.json")).read_text())
+    assert doc["provenance"]["cross_checks"] == ["stamp"]
+    recs = doc["records"]
+    assert recs and all(x["status"] == "ok" and x["timing"]["worker"] == "CPU (isolated)" for x in recs)
+    assert all(isinstance(x["cross"]["stamp_pid"], int) for x in recs)

@@ -97,3 +97,35 @@ def test_missing_triton_is_one_clear_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("moebench.core.device.triton_version", lambda: None)
     code, _, err = run_cli(["sweep", "count-block", "--quick", "--out", str(tmp_path)], capsys)
     assert code == 2 and "triton is not importable" in err and "Traceback" not in err
+
+
+NO_GRID = '''
+from moebench.families import Built, get_family
+
+COUNT = get_family("count")
+persistent = COUNT.builder("persistent")
+
+
+@COUNT.variant("nogrid", params=("block_size", "num_warps", "grid"), doc="counts right; its geometry lacks grid")
+def build_nogrid(inp, params, device):
+    b = persistent(inp, params, device)
+    return Built(b.launch, b.output, b.reset, {k: v for k, v in b.geometry.items() if k != "grid"})
+
+
+@COUNT.variant("notbuilt", params=("block_size",), doc="returns the closure alone")
+def build_notbuilt(inp, params, device):
+    return persistent(inp, params, device).launch
+'''
+
+
+def test_a_built_without_a_geometry_key_fails_its_case_naming_the_key_and_the_variant(tmp_path, monkeypatch):
+    from clirun import load_plugin
+
+    load_plugin(monkeypatch, tmp_path / "nogrid.py", NO_GRID)
+    spec, run = _runner()
+    case = expand(spec, quick=True)[0]
+    for variant, says in (("nogrid", "variant 'nogrid' of 'count': its Built's geometry has no 'grid', which the "
+                                     "family's work model reads (it gives block_size, num_warps"),
+                          ("notbuilt", "TypeError: variant 'notbuilt' of 'count': its builder returned ")):
+        rec = run.run_case(type(case)(case.family, variant, variant, dict(case.params), f"{variant}-case"))
+        assert rec.status == "error" and says in rec.error and "\n" not in rec.error, rec.error

@@ -32,3 +32,28 @@ def test_each_case_is_resolved_once(monkeypatch, name):
     for c in cases:
         assert calls[(c.variant, tuple(sorted(c.params.items())))] == 1, c.id
     assert max(calls.values()) == 1, [k for k, n in calls.items() if n > 1]
+
+
+def test_the_layer_builds_its_delegates_from_the_cases_one_resolve(monkeypatch):
+    """A layer case: its count and act launches come from the case's one resolve (resolve_more), each
+    family's resolve runs once for it, and the step built from unresolved parameters is refused
+    instead of resolving them again."""
+    calls: Counter = Counter()
+    real = FamilySpec.resolve
+
+    def counting(self, variant, params, device, environ, origins=None):
+        calls[self.name] += 1
+        return real(self, variant, params, device, environ, origins)
+
+    monkeypatch.setattr(FamilySpec, "resolve", counting)
+    spec = load_spec("layer")
+    case = expand(spec, quick=True)[0]
+    drv = Driver(spec, detect(True), Options(timing=spec.timing, time_it=False), environ={})
+    rec = drv.run_case(case)
+    assert rec.status == "ok", rec.error
+    assert calls == Counter(layer=2, count=2, act=2)  # the case and its baseline launch, each once
+    from moebench.families.layer import kernels as K
+
+    inp = K.build_inputs(dict(case.params), "cpu", 0)
+    with pytest.raises(ValueError, match="count launch is not resolved"):
+        K._Step(inp, dict(case.params), detect(True))

@@ -12,6 +12,7 @@ import pytest
 from clirun import run_cli
 from test_pipeline import _runner as _session  # a count-block pipeline under the interpreter
 from moebench.core import pipeline as S
+from moebench.core import prefetch
 from moebench.core.driver import Driver, Finished
 from moebench.core.passes import AfterAll, CaseDone, Nvbench
 from moebench.core.placements import Placements, Timer
@@ -53,7 +54,7 @@ class FakeCuda:
 def fake_timer(monkeypatch, times):
     """Patch the timing core onto a scripted clock: group g's graph replays in times[g](i) µs."""
     cuda = FakeCuda()
-    monkeypatch.setattr(T, "_torch", lambda: SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(T, "torch", SimpleNamespace(cuda=cuda))
     made = []
 
     def capture(fns, launches, warmup, fresh=True):
@@ -261,7 +262,7 @@ def test_untimed_runs_give_the_same_records_with_inputs_built_ahead(monkeypatch)
     assert all(s == "ok" for s, _ in out["0"].values())
     # every shape built up front (what a timed run does before its first case): the same records
     sess = S.CasePipeline(spec, detect(True), S.Options(timing=spec.timing, time_it=False))
-    ahead = S._Ahead(sess, cases)
+    ahead = prefetch._Ahead(sess, cases)
     ahead.build_all()
     assert len(sess._ahead) == len(cases) and all(f.done() for f in sess._ahead.values())
     assert {c.id: (r.status, r.checks) for c in cases for r in [sess.run_case(c)]} == out["0"]
@@ -271,7 +272,7 @@ def test_untimed_runs_give_the_same_records_with_inputs_built_ahead(monkeypatch)
 def test_shape_major_keeps_first_appearance_order():
     spec = load_spec("act-grid")
     cases = expand(spec, verify=True)
-    ordered = S.shape_major(cases, spec.family.shape_params)
+    ordered = prefetch.shape_major(cases, spec.family.shape_params)
     assert sorted(c.id for c in ordered) == sorted(c.id for c in cases)
     keys = [tuple(c.params[k] for k in spec.family.shape_params) for c in ordered]
     runs = [k for i, k in enumerate(keys) if i == 0 or k != keys[i - 1]]

@@ -191,10 +191,9 @@ def test_triton_reports_each_compile_and_an_earlier_hook_still_runs(monkeypatch)
     assert len(after) == 1
 
 
-def test_a_plugin_without_compile_key_gets_its_compile_time_and_count(monkeypatch):
-    """Four specializations in four first launches of builts that carry no compile_key (as the
-    README's plugin snippet writes them): each launch that compiled gets its compile_s, the one that
-    hit Triton's cache gets none, and the pipeline counts 4."""
+def test_a_plugin_launch_gets_its_compile_time_and_count(monkeypatch):
+    """Four specializations in four first launches of a plugin's builts: each launch that compiled
+    gets its compile_s, the one that hit Triton's cache gets none, and the pipeline counts 4."""
     from moebench.core import pipeline as P
     from moebench.core.device import detect
     from moebench.core.spec import load_spec

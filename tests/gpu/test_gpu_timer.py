@@ -1,4 +1,4 @@
-"""The graph timer against kernels of known duration (moebench.core.spin): a spin of T µs reads
+"""The graph timer against kernels of known duration (tests/gpu/spin.py): a spin of T µs reads
 as T plus a constant per-launch overhead, and a graph of K launches as K times one."""
 
 import pytest
@@ -20,7 +20,7 @@ GRAPH_SIZES = (1, 10, 50, 200, 1000)
 def spin():
     import torch
 
-    from moebench.core.spin import cycles_per_ns, spin_launch
+    from spin import cycles_per_ns, spin_launch
 
     out = torch.zeros(2, dtype=torch.int64, device="cuda")
     return out, spin_launch, lambda: cycles_per_ns(out)

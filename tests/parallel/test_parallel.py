@@ -2,8 +2,10 @@
 cost-balanced split, the worker pool (two interpreter workers standing in for two GPUs, one of
 them dying), and `moebench merge` of shard files from real sweeps."""
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -190,7 +192,7 @@ def test_parse_devices(monkeypatch):
     assert workers.parse_devices("all") == [0, 1, 2, 3]
     assert workers.parse_devices("2, 0") == [2, 0]
     for bad, needle in (("4", "no GPU 4; this process sees 4 (0..3)"), ("0,0", "listed twice"),
-                        ("", "expected all or a comma list"), ("0,x", "expected all or a comma list")):
+                        ("", "expected all or comma-separated GPU indices"), ("0,x", "expected all or comma-separated")):
         with pytest.raises(UsageError) as e:
             workers.parse_devices(bad)
         assert needle in str(e.value)
@@ -203,12 +205,22 @@ def test_parse_devices(monkeypatch):
             workers.parse_devices(text)
 
 
+@pytest.mark.parametrize("bad", ["x", "0,,1", "-1", "all,0"])
+def test_a_malformed_devices_value_is_named_before_the_backend_is_asked(tmp_path, capsys, bad):
+    """On the CPU, `--devices x` said "this run is on CPU"; the value itself is what is wrong."""
+    code, _, err = run_cli(["sweep", "count-block", "--quick", "--devices", bad, "--out", str(tmp_path)], capsys)
+    line = err.strip()
+    assert code == 2 and "\n" not in line and "Traceback" not in line, err
+    assert f"--devices: expected all or comma-separated GPU indices like 0,1,3, got {bad!r}" in line
+    assert "this run is on" not in line and not any(tmp_path.iterdir())
+
+
 def test_run_on_devices_pins_the_physical_gpu(monkeypatch):
     """Indices are as this process sees them: inside CUDA_VISIBLE_DEVICES=3,5, GPU 1 is physical 5."""
     seen = {}
 
-    def fake(spec_path, cases, keys, interpret, **kw):
-        seen.update(keys=list(keys), interpret=interpret, **kw)
+    def fake(spec, cases, keys, interpret, **kw):
+        seen.update(spec=spec, keys=list(keys), interpret=interpret, **kw)
         return iter(())
 
     monkeypatch.setattr(workers, "_run_workers", fake)
@@ -218,7 +230,7 @@ def test_run_on_devices_pins_the_physical_gpu(monkeypatch):
     spec = load_spec("count-block")
     list(workers.run_on_devices(spec, [], [1, 0], opts=Options(timing=spec.timing)))
     assert seen["keys"] == ["5", "3"] and seen["labels"] == ["GPU 1", "GPU 0"] and seen["interpret"] is False
-    assert seen["spec_sha256"] == spec.sha256
+    assert seen["spec"] is spec
 
 
 # ============================================================================ the worker pool, on the CPU
@@ -249,7 +261,7 @@ def _same(a, b):
 def test_two_workers_match_a_single_process_run(tiny):
     spec, cases, opts, single = tiny
     assert len(cases) == 12
-    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts))
+    recs = list(workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts))
     assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)  # each case exactly once
     for r in recs:
         assert r.status == "ok", r.error
@@ -259,31 +271,86 @@ def test_two_workers_match_a_single_process_run(tiny):
     assert {r.timing["worker"] for r in recs} <= {"CPU w0", "CPU w1"}  # each record names its worker
 
 
-def test_a_dying_worker_costs_its_case_only(tiny):
-    spec, cases, opts, single = tiny
-    victim = cases[2].id
-    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, _die_on={victim: 3}))
+# Variants that crash their worker for one case (tokens 5, block 256) or raise the CUDA error that
+# poisons a context (tokens 0, block 64), and run the persistent kernel otherwise.
+CRASHING = """
+import os, signal
+
+from moebench.families import get_family
+
+COUNT = get_family("count")
+persistent = COUNT.builder("persistent")
+PARAMS = ("block_size", "num_warps", "grid")
+
+
+@COUNT.variant("dies", params=PARAMS, doc="kills its process at tokens 5, block 256")
+def build_dies(inp, params, device):
+    if params["tokens"] == 5 and params["block_size"] == 256:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return persistent(inp, params, device)
+
+
+@COUNT.variant("sticky", params=PARAMS, doc="an illegal memory access at tokens 0, block 64")
+def build_sticky(inp, params, device):
+    if params["tokens"] == 0 and params["block_size"] == 64:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    return persistent(inp, params, device)
+"""
+
+
+def _crashing(tmp_path, monkeypatch, variant):
+    """The tiny spec with the persistent kernel beside a CRASHING variant, its cases, and the
+    persistent record of each shape (what the crashing variant's other cases must equal)."""
+    from clirun import load_plugin
+    from moebench.core.spec import load_spec
+
+    load_plugin(monkeypatch, tmp_path / "crashing.py", CRASHING)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY.replace("[persistent, nonpersistent]", f"[persistent, {variant}]"))
+    spec = load_spec(str(path))
+    return spec, expand(spec), Options(timing=spec.timing, time_it=False)
+
+
+def _shape(r):
+    return tuple(sorted((k, v) for k, v in r.params.items()))
+
+
+def _like_persistent(recs, skip):
+    """Every record but `skip` ok, and the crashing variant's equal to the persistent kernel's."""
+    base = {_shape(r): r for r in recs if r.variant == "persistent"}
+    for r in recs:
+        if r.case_id != skip:
+            assert r.status == "ok" and r.checks["ref_check"] == "exact", r.error
+            b = base[_shape(r)]
+            assert (r.checks, r.launch, r.work) == (b.checks, b.launch, b.work)
+
+
+def test_a_dying_worker_costs_its_case_only(tmp_path, monkeypatch):
+    spec, cases, opts = _crashing(tmp_path, monkeypatch, "dies")
+    victim = next(c for c in cases if c.variant == "dies" and c.params["tokens"] == 5
+                  and c.params["block_size"] == 256).id
+    recs = list(workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts))
     assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
     dead = [r for r in recs if r.case_id == victim]
-    assert dead[0].status == "error" and dead[0].params == cases[2].params
-    assert dead[0].error in ("worker on CPU w0 died (exit code 3)", "worker on CPU w1 died (exit code 3)")
-    for r in recs:  # the survivor drained the rest of the queue
-        if r.case_id != victim:
-            assert r.status == "ok" and _same(r, single[r.case_id])
+    assert dead[0].status == "error" and dead[0].params == next(c.params for c in cases if c.id == victim)
+    assert dead[0].error in (f"worker on CPU w{i} died (exit code -9, SIGKILL)" for i in (0, 1))
+    _like_persistent(recs, victim)  # the survivor drained the rest of the queue
 
 
-def test_a_worker_leaves_after_a_sticky_cuda_error(tiny, capsys):
+def test_a_worker_leaves_after_a_sticky_cuda_error(tmp_path, monkeypatch, capsys):
     """After an illegal memory access every later launch in that process fails: the worker hands the
     record back and leaves, and the other worker runs the rest."""
-    spec, cases, opts, single = tiny
-    fault = "RuntimeError: CUDA error: an illegal memory access was encountered"
-    recs = list(workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, _die_on={cases[0].id: fault}))
+    spec, cases, opts = _crashing(tmp_path, monkeypatch, "sticky")
+    victim = next(c for c in cases if c.variant == "sticky" and c.params["tokens"] == 0
+                  and c.params["block_size"] == 64).id
+    recs = list(workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts))
     assert Counter(r.case_id for r in recs) == Counter(c.id for c in cases)
     by = {r.case_id: r for r in recs}
-    assert by[cases[0].id].status == "error" and by[cases[0].id].error == fault
-    assert all(by[c.id].status == "ok" and _same(by[c.id], single[c.id]) for c in cases[1:])
+    fault = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert by[victim].status == "error" and by[victim].error.startswith(fault)
+    _like_persistent(recs, victim)
     err = capsys.readouterr().err
-    assert "left after 1 case: RuntimeError: CUDA error: an illegal memory access" in err
+    assert re.search(r"left after [0-9]+ cases?: RuntimeError: CUDA error: an illegal memory access", err)
 
 
 def test_closing_the_pool_stops_its_workers(tiny):
@@ -291,7 +358,7 @@ def test_closing_the_pool_stops_its_workers(tiny):
     import multiprocessing as mp
 
     spec, cases, opts, _ = tiny
-    gen = workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts)
+    gen = workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts)
     first = next(gen)
     assert first.case_id in {c.id for c in cases}
     gen.close()
@@ -301,7 +368,7 @@ def test_closing_the_pool_stops_its_workers(tiny):
 def test_no_worker_starts(tiny, capsys):
     spec, cases, opts, _ = tiny
     with pytest.raises(BackendError) as e:
-        list(workers._run_workers(spec.path, cases, ["w0"], True, opts=opts, sweep="tiny", spec_sha256="0" * 64))
+        list(workers._run_workers(dataclasses.replace(spec, sha256="0" * 64), cases, ["w0"], True, opts=opts))
     assert str(e.value).startswith("no worker started: CPU w0: UsageError: ")
     assert "changed since the sweep started" in str(e.value)
 
@@ -445,7 +512,7 @@ def test_passes_run_inside_two_workers_and_the_summary_lists_what_ran(tiny, monk
 
     def two_devices(cases, passes, environ):
         sent.append([p.name for p in passes])
-        return workers._run_workers(spec.path, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
+        return workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
 
     summary = list(Driver(spec, detect(True), opts, workers=two_devices, environ=dict(os.environ)).run(cases))[-1]
     assert sent == [["echo"]]  # only the per-case pass travels to the workers
@@ -458,7 +525,59 @@ def test_passes_run_inside_two_workers_and_the_summary_lists_what_ran(tiny, monk
         assert r.cross["tally"] == len(cases) and r.cross["tally_here"] is False  # here, after the workers
     assert len({r.cross["echo_pid"] for r in recs}) <= 2
     cuda = type("Dev", (), {"backend": "cuda", "name": "fake"})()
+    monkeypatch.setattr(P.Nvbench, "unavailable", lambda self: None)  # as where cuda.bench is installed
     for name in ("nvbench", "profiler"):
         with pytest.raises(UsageError, match=f"--cross-check {name}: cannot run with --devices"):
             Driver(spec, cuda, Options(timing=spec.timing, time_it=True, cross=(name,)), workers=two_devices)
     assert sent == [["echo"]]  # refused: no worker was asked for
+
+
+# A pass registered by a plugin file (moebench.core.driver says how): per case, the process that
+# ran the case; after all of them, how many records there are.
+PLUGIN_PASS = """
+import os
+
+from moebench.core.passes import Pass, register
+
+
+@register
+class Stamp(Pass):
+    name = "stamp"
+    cuda_only = False
+
+    def after_case(self, ctx):
+        ctx.record.cross["stamp_pid"] = os.getpid()
+
+
+@register
+class Count(Pass):
+    name = "count-records"
+    cuda_only = False
+
+    def after_all(self, ctx):
+        for r in ctx.records:
+            r.cross["records"] = len(ctx.records)
+"""
+
+
+def test_a_pass_a_plugin_registers_runs_inside_two_workers(tiny, tmp_path, monkeypatch):
+    """--devices on the fake two-device setup: the workers load the plugin before they unpickle the
+    passes, so its per-case pass runs in each worker and its after-all pass here (before: every
+    worker failed to start, 'no worker started', exit 2)."""
+    from clirun import load_plugin
+    from moebench.core.device import detect
+    from moebench.core.driver import Driver
+
+    spec, cases, _, single = tiny
+    load_plugin(monkeypatch, tmp_path / "stamp.py", PLUGIN_PASS)
+    opts = Options(timing=spec.timing, time_it=False, cross=("stamp", "count-records"))
+
+    def two_devices(cases, passes, environ):
+        return workers._run_workers(spec, cases, ["w0", "w1"], True, opts=opts, passes=passes, environ=environ)
+
+    summary = list(Driver(spec, detect(True), opts, workers=two_devices, environ=dict(os.environ)).run(cases))[-1]
+    assert summary.complete and summary.passes == ["stamp", "count-records"]
+    for r in summary.records:
+        assert r.status == "ok" and _same(r, single[r.case_id])
+        assert r.cross["stamp_pid"] != os.getpid() and r.cross["records"] == len(cases)
+        assert r.timing["worker"] in ("CPU w0", "CPU w1")

@@ -176,3 +176,16 @@ def test_entry_point_plugins_are_loaded(tmp_path):
     r = moebench("list", env_extra={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
     assert r.returncode == 0, r.stderr
     assert "histogram" in r.stdout and "entry point hist" in r.stdout
+
+
+def test_a_plugin_that_imports_a_built_in_kernels_module_while_it_loads(tmp_path):
+    """In a fresh process the plugin's `builder(...)` imports count's kernels.py while the plugin
+    loads: those variants stay built in (before: 'registered twice (builtin and plugin ...)')."""
+    plugin = tmp_path / "wraps.py"
+    plugin.write_text("from moebench.families import get_family\n\nCOUNT = get_family('count')\n"
+                      "persistent = COUNT.builder('persistent')\n\n\n"
+                      "@COUNT.variant('wrapped', params=('block_size', 'num_warps', 'grid'), doc='persistent again')\n"
+                      "def build_wrapped(inp, params, device):\n    return persistent(inp, params, device)\n")
+    r = moebench("list", "--plugin", plugin)
+    assert r.returncode == 0, r.stderr
+    assert "wrapped" in r.stdout and "registered twice" not in r.stdout + r.stderr

@@ -5,7 +5,7 @@ squared-ReLU kernels that also skip rows whose permutation-map entry is -1. The 
 NUM_BLOCKS CTAs striding over rows; the variants differ only in how NUM_BLOCKS is chosen.
 """
 
-from moebench.core.family import FamilySpec, Param, Preset
+from moebench.core.family import FamilySpec, Param, Preset, VariantSpec
 
 OPS = ("silu_mul_bounded", "swiglu", "squared_relu")
 GATED_OPS = ("silu_mul_bounded", "swiglu")  # input is gate | up, output is half as wide
@@ -75,5 +75,25 @@ FAMILY = FamilySpec(
     plot=Preset("grid_cap", "live_rows", "occupancy curve", floor_panel=True),
     cost=lambda params: cost(params),
     twin_tolerance=0.03,  # seed vs Megatron's kernel: bandwidth-bound, 0.6% median run to run
+    variants=(
+        VariantSpec("capped", params=("grid_cap", "num_warps"),
+                    doc="the seed kernel (Megatron's mechanism: early exit for pid >= live rows, loop to the "
+                        "capacity M) at NUM_BLOCKS = min(next_pow2(rows), grid_cap)"),
+        VariantSpec("shipped", params=("num_warps",), env={"grid_cap": ("MCORE_MOE_ACTIVATION_GRID_CAP", 8192)},
+                    doc="capped with the cap from $MCORE_MOE_ACTIVATION_GRID_CAP (the PR's default 8192; 512 is "
+                        "the kill switch)"),
+        VariantSpec("legacy", params=("num_warps",),
+                    doc="the seed kernel at NUM_BLOCKS = min(rows, 512): the geometry before the PR"),
+        VariantSpec("live-bound", params=("grid_cap", "num_warps"),
+                    doc="capped geometry, but the row loop stops at the live count instead of the capacity "
+                        "(moebench's first kernel; 64-bit row pointers)"),
+        VariantSpec("upstream", params=("grid_cap", "num_warps"), source="upstream",
+                    twins=("capped", "legacy", "shipped"),
+                    doc="Megatron's kernel for the op (_silu_mul_bounded_kernel, _swiglu_kernel, "
+                        "_squared_relu_kernel), imported at run time, at NUM_BLOCKS = min(next_pow2(rows), grid_cap)"),
+        VariantSpec("tiled", params=("grid_cap", "num_warps", "tile_rows", "tile_cols", "prefetch"),
+                    doc="silu_mul_bounded over TILE_ROWS x TILE_COLS tiles of the live prefix, round-robin over "
+                        "min(grid_cap, tiles at capacity) programs"),
+    ),
     package=__name__,
 )

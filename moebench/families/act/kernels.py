@@ -37,9 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.errors import Unavailable
 from moebench.core.family import Built, Check, cdiv, next_pow2
+from moebench.errors import Unavailable
 from moebench.families.act import FAMILY, GATED_OPS, PADDED_OPS, widths
+from moebench.sources import upstream
 
 # Columns per inner-loop chunk: the whole row when it fits (N = 768 -> 1024, one masked chunk),
 # else 1024-column chunks, which keep a 4-warp CTA at 8 bf16 (16 B) per thread per load.
@@ -222,8 +223,6 @@ _UPSTREAM = {"silu_mul_bounded": ("silu_mul_bounded", ("input_ptr", "output_ptr"
 
 
 def act_rows_upstream(inp: Inputs, num_blocks: int, block_n: int, num_warps: int):
-    from moebench.sources import upstream
-
     name, names = _UPSTREAM[inp.op]
     kernel = upstream.load(name)
     have = tuple(getattr(kernel, "arg_names", ()))
@@ -457,46 +456,33 @@ def _built(inp: Inputs, launcher, num_blocks: int, cap: int, num_warps: int, loo
     return Built(launch, inp.out, _reset(inp), geometry)
 
 
-@FAMILY.variant("capped", params=("grid_cap", "num_warps"),
-                doc="the seed kernel (Megatron's mechanism: early exit for pid >= live rows, loop to the "
-                    "capacity M) at NUM_BLOCKS = min(next_pow2(rows), grid_cap)")
-@FAMILY.variant("shipped", params=("num_warps",), env={"grid_cap": ("MCORE_MOE_ACTIVATION_GRID_CAP", 8192)},
-                doc="capped with the cap from $MCORE_MOE_ACTIVATION_GRID_CAP (the PR's default 8192; 512 is "
-                    "the kill switch)")
+@FAMILY.builds("capped", "shipped")
 def build_capped(inp: Inputs, params: dict, device) -> Built:
     cap = params["grid_cap"]
     return _built(inp, act_rows, capped_blocks(params["rows"], cap), cap, params["num_warps"], "capacity")
 
 
-@FAMILY.variant("legacy", params=("num_warps",),
-                doc="the seed kernel at NUM_BLOCKS = min(rows, 512): the geometry before the PR")
+@FAMILY.builds("legacy")
 def build_legacy(inp: Inputs, params: dict, device) -> Built:
     return _built(inp, act_rows, legacy_blocks(params["rows"]), _LEGACY_BLOCKS, params["num_warps"],
                   "capacity")
 
 
-@FAMILY.variant("live-bound", params=("grid_cap", "num_warps"),
-                doc="capped geometry, but the row loop stops at the live count instead of the capacity "
-                    "(moebench's first kernel; 64-bit row pointers)")
+@FAMILY.builds("live-bound")
 def build_live_bound(inp: Inputs, params: dict, device) -> Built:
     cap = params["grid_cap"]
     return _built(inp, act_rows_live_bound, capped_blocks(params["rows"], cap), cap,
                   params["num_warps"], "live")
 
 
-@FAMILY.variant("upstream", params=("grid_cap", "num_warps"), source="upstream",
-                twins=("capped", "legacy", "shipped"),
-                doc="Megatron's kernel for the op (_silu_mul_bounded_kernel, _swiglu_kernel, _squared_relu_kernel), "
-                    "imported at run time, at NUM_BLOCKS = min(next_pow2(rows), grid_cap)")
+@FAMILY.builds("upstream")
 def build_upstream(inp: Inputs, params: dict, device) -> Built:
     cap = params["grid_cap"]
     return _built(inp, act_rows_upstream, capped_blocks(params["rows"], cap), cap, params["num_warps"],
                   "capacity")
 
 
-@FAMILY.variant("tiled", params=("grid_cap", "num_warps", "tile_rows", "tile_cols", "prefetch"),
-                doc="silu_mul_bounded over TILE_ROWS x TILE_COLS tiles of the live prefix, round-robin over "
-                    "min(grid_cap, tiles at capacity) programs")
+@FAMILY.builds("tiled")
 def build_tiled(inp: Inputs, params: dict, device) -> Built:
     if inp.op != "silu_mul_bounded":
         raise ValueError(f"the tiled variant implements op silu_mul_bounded only, not {inp.op}")

@@ -6,7 +6,7 @@ and nothing is timed. kernels.py holds the model (pure Python, no torch) and the
 variants; the results page's sections (moebench.report.sections.combine) read records and that model.
 """
 
-from moebench.core.family import FamilySpec, Param
+from moebench.core.family import FamilySpec, Param, VariantSpec
 
 # The LDS budget the PR sizes against: 320 KB. It reproduces every figure in the PR and review.
 LDS_BUDGET = 320 * 1024
@@ -37,6 +37,12 @@ FAMILY = FamilySpec(
         )
     },
     default_pivot={"rows": "topk", "cols": "world", "metric": "path"},
+    variants=(
+        VariantSpec("old", params=("compact_npes",),
+                    doc="main: chunks = MORI_COMB_TDM; srcMax = npes if npes <= 4 and npes < topk else topk"),
+        VariantSpec("new", doc="the PR: srcMax = min(npes, topk); chunks = the least count >= MORI_COMB_TDM whose tile "
+                               "fits the budget"),
+    ),
     package=__name__,
 )
 

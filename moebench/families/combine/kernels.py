@@ -127,14 +127,12 @@ def size(rule: str, world: int, topk: int, hidden: int, warps: int, *, budget: i
 # compact_npes (None for `new`).
 
 
-@FAMILY.variant("old", params=("compact_npes",),
-                doc="main: chunks = MORI_COMB_TDM; srcMax = npes if npes <= 4 and npes < topk else topk")
+@FAMILY.builds("old")
 def evaluate_old(params: dict) -> dict:
     return evaluate(params, "old")
 
 
-@FAMILY.variant("new", doc="the PR: srcMax = min(npes, topk); chunks = the least count >= MORI_COMB_TDM whose tile "
-                           "fits the budget")
+@FAMILY.builds("new")
 def evaluate_new(params: dict) -> dict:
     return evaluate(params, "new")
 

@@ -5,7 +5,7 @@ reference, inputs and variants are in kernels.py; the results page's own section
 moebench.report.sections.count.
 """
 
-from moebench.core.family import FamilySpec, Param, Preset
+from moebench.core.family import FamilySpec, Param, Preset, VariantSpec
 
 
 def cost(params: dict) -> int:
@@ -50,5 +50,31 @@ FAMILY = FamilySpec(
     plot=Preset("block_size", "tokens", "block-size curve"),
     cost=cost,
     twin_tolerance=0.05,  # seed vs Megatron's kernel: counter placement alone moves it 20-40%
+    variants=(
+        VariantSpec("persistent", params=("block_size", "num_warps", "grid"),
+                    doc="the seed baseline, Megatron's mechanism: grid = SM count, each program a contiguous run of "
+                        "ceil(chunks / grid) BLOCK_SIZE chunks; topk runtime, local experts constexpr"),
+        VariantSpec("shipped", params=("num_warps", "grid"),
+                    env={"block_size": ("MCORE_COUNT_TOKENS_BLOCK", 128)},
+                    doc="persistent with BLOCK_SIZE from $MCORE_COUNT_TOKENS_BLOCK (the PR's default 128; "
+                        "1024 is the kill switch)"),
+        VariantSpec("nonpersistent", params=("block_size", "num_warps"),
+                    doc="the seed's other kernel, Megatron's mechanism: grid = ceil(buffer_tokens * topk / BLOCK_SIZE) "
+                        "from the capacity, one chunk per program"),
+        VariantSpec("strided", params=("block_size", "num_warps", "grid"),
+                    doc="grid = SM count; program p takes chunks p, p + grid, ...; topk constexpr, local experts "
+                        "runtime (moebench's first persistent kernel)"),
+        VariantSpec("prefetch", params=("block_size", "num_warps", "grid"),
+                    doc="strided; the first chunk is loaded alongside the valid count, so the two latencies overlap"),
+        VariantSpec("privatized", params=("block_size", "num_warps", "grid", "prefetch"),
+                    doc="strided; a per-program register histogram flushed once (<= L atomics per program)"),
+        VariantSpec("upstream", params=("block_size", "num_warps", "grid"), source="upstream",
+                    twins=("persistent", "shipped"),
+                    doc="Megatron's _count_local_tokens_kernel_persistent, imported at run time, at this case's "
+                        "BLOCK_SIZE, warps and grid"),
+        VariantSpec("upstream-nonpersistent", params=("block_size", "num_warps"), source="upstream",
+                    twins=("nonpersistent",),
+                    doc="Megatron's _count_local_tokens_kernel, imported at run time, grid from the capacity"),
+    ),
     package=__name__,
 )

@@ -29,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.errors import Unavailable
 from moebench.core.family import Built, Check, cdiv, next_pow2
+from moebench.errors import Unavailable
 from moebench.families.count import FAMILY
+from moebench.sources import upstream
 
 # Cells on each side of the counters, poisoned; a stray atomic outside [S, S + L) would hit them.
 _GUARD = 16
@@ -395,13 +396,7 @@ def _built(inp: Inputs, launch, geometry: dict) -> Built:
     return Built(launch, inp.counts, reset, geometry)
 
 
-@FAMILY.variant("persistent", params=("block_size", "num_warps", "grid"),
-                doc="the seed baseline, Megatron's mechanism: grid = SM count, each program a contiguous run of "
-                    "ceil(chunks / grid) BLOCK_SIZE chunks; topk runtime, local experts constexpr")
-@FAMILY.variant("shipped", params=("num_warps", "grid"),
-                env={"block_size": ("MCORE_COUNT_TOKENS_BLOCK", 128)},
-                doc="persistent with BLOCK_SIZE from $MCORE_COUNT_TOKENS_BLOCK (the PR's default 128; "
-                    "1024 is the kill switch)")
+@FAMILY.builds("persistent", "shipped")
 def build_persistent(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_persistent(inp, params, grid, block, nw)
@@ -409,9 +404,7 @@ def build_persistent(inp: Inputs, params: dict, device) -> Built:
     return _built(inp, launch, geometry)
 
 
-@FAMILY.variant("nonpersistent", params=("block_size", "num_warps"),
-                doc="the seed's other kernel, Megatron's mechanism: grid = ceil(buffer_tokens * topk / BLOCK_SIZE) "
-                    "from the capacity, one chunk per program")
+@FAMILY.builds("nonpersistent")
 def build_nonpersistent(inp: Inputs, params: dict, device) -> Built:
     nw, block = params["num_warps"], params["block_size"]
     launch, grid = count_nonpersistent(inp, params, block, nw)
@@ -419,9 +412,7 @@ def build_nonpersistent(inp: Inputs, params: dict, device) -> Built:
     return _built(inp, launch, geometry)
 
 
-@FAMILY.variant("strided", params=("block_size", "num_warps", "grid"),
-                doc="grid = SM count; program p takes chunks p, p + grid, ...; topk constexpr, local experts "
-                    "runtime (moebench's first persistent kernel)")
+@FAMILY.builds("strided")
 def build_strided(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_strided(inp, params, grid, block, nw)
@@ -429,8 +420,7 @@ def build_strided(inp: Inputs, params: dict, device) -> Built:
     return _built(inp, launch, geometry)
 
 
-@FAMILY.variant("prefetch", params=("block_size", "num_warps", "grid"),
-                doc="strided; the first chunk is loaded alongside the valid count, so the two latencies overlap")
+@FAMILY.builds("prefetch")
 def build_prefetch(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_prefetch(inp, params, grid, block, nw)
@@ -438,8 +428,7 @@ def build_prefetch(inp: Inputs, params: dict, device) -> Built:
     return _built(inp, launch, geometry)
 
 
-@FAMILY.variant("privatized", params=("block_size", "num_warps", "grid", "prefetch"),
-                doc="strided; a per-program register histogram flushed once (<= L atomics per program)")
+@FAMILY.builds("privatized")
 def build_privatized(inp: Inputs, params: dict, device) -> Built:
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     pre = bool(params.get("prefetch") or 0)
@@ -448,25 +437,16 @@ def build_privatized(inp: Inputs, params: dict, device) -> Built:
     return _built(inp, launch, geometry)
 
 
-@FAMILY.variant("upstream", params=("block_size", "num_warps", "grid"), source="upstream",
-                twins=("persistent", "shipped"),
-                doc="Megatron's _count_local_tokens_kernel_persistent, imported at run time, at this case's "
-                    "BLOCK_SIZE, warps and grid")
+@FAMILY.builds("upstream")
 def build_upstream(inp: Inputs, params: dict, device) -> Built:
-    from moebench.sources import upstream
-
     grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     launch = count_persistent(inp, params, grid, block, nw, kernel=upstream.load("count_persistent"))
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "contiguous"}
     return _built(inp, launch, geometry)
 
 
-@FAMILY.variant("upstream-nonpersistent", params=("block_size", "num_warps"), source="upstream",
-                twins=("nonpersistent",),
-                doc="Megatron's _count_local_tokens_kernel, imported at run time, grid from the capacity")
+@FAMILY.builds("upstream-nonpersistent")
 def build_upstream_nonpersistent(inp: Inputs, params: dict, device) -> Built:
-    from moebench.sources import upstream
-
     nw, block = params["num_warps"], params["block_size"]
     launch, grid = count_nonpersistent(inp, params, block, nw, kernel=upstream.load("count"))
     geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "one chunk"}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from moebench.core.family import REQUIRED, FamilySpec, Param, get_family
+from moebench.core.family import FamilySpec, Param, REQUIRED, VariantSpec, get_family
 from moebench.families.act import FAMILY as ACT
 from moebench.families.act import GATED_OPS, OPS
 from moebench.families.count import FAMILY as COUNT
@@ -170,5 +170,15 @@ FAMILY = FamilySpec(
     graph_launches=graph_launches,
     reference_after_build=True,  # scope act: the reference reads the FC1 output the builder wrote
     resolve_more=resolve_delegates,
+    variants=(
+        VariantSpec("step", params=("count_variant", "count_block_size", "count_num_warps", "count_grid",
+                                     "count_prefetch", "act_variant", "act_grid_cap", "act_num_warps", "act_tile_rows",
+                                     "act_tile_cols", "act_prefetch"),
+                    doc="the layer step with a count and an act variant under test (scope step); or that "
+                        "kernel alone on the step's own tensors (scope count / act)"),
+        VariantSpec("mcore", source="upstream",
+                    doc="megatron-core's mcore_fused_moe (BF16; squared ReLU only in 0.19.2) on the same routing and "
+                        "weights: the upstream reference arm"),
+    ),
     package=__name__,
 )

@@ -60,10 +60,11 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.errors import Unavailable
 from moebench.core.family import Built, Check, cdiv, get_family, next_pow2
+from moebench.errors import Unavailable
 from moebench.families.act import PADDED_OPS
-from moebench.families.layer import _ROUTING, FAMILY, capacity_rows, expert_weight_bytes, resolve_delegates, widths
+from moebench.families.layer import FAMILY, _ROUTING, capacity_rows, expert_weight_bytes, widths
+from moebench.sources import upstream
 
 # Live pairs one program of the place kernel reads per step of its walk: the whole decode map
 # (256 tokens x 8) in two steps, a 1024-wide prefix sum per step.
@@ -332,26 +333,25 @@ def combine(inp: Inputs, y: torch.Tensor, layer: int, g: _Geometry) -> None:
 
 
 # ----------------------------------------------------------------------------------- the variants under test
-# The count and act kernels are other families' variants, built through their own resolve (run
-# once per case by FAMILY.resolve, with the run's environment: resolve_delegates) and builder
-# around this step's tensors. What this relies on (keep it stable): FamilySpec.resolve /
-# .builder / .load; Built.launch / .geometry, and a count Built's reset (zero the
-# counters; it runs inside the step, so it must be graph-capturable); the keyword fields of count's
-# Inputs(routing_map, valid, counts_buf, counts, tokens) and act's Inputs(op, x, live, perm,
-# out_buf, out, work_rows, rows, live_rows, n_cols, in_cols); the shape parameters count takes
-# (_ROUTING, seed) and act takes (op, rows, live_rows, ffn, in_cols, seed), all others having
-# defaults; and act builders that only make a closure (the act launch is rebuilt around each
-# FC1 output, see _Step.activation).
+# The count and act kernels are other families' variants: FAMILY.resolve resolved them once per
+# case, with the run's environment (resolve_delegates: `count_resolved`, `act_resolved`), and
+# their families build them (FamilySpec.build) around this step's tensors. What this relies on
+# (keep it stable): FamilySpec.build / .load; Built.launch / .geometry, and a count Built's reset
+# (zero the counters; it runs inside the step, so it must be graph-capturable); the keyword fields
+# of count's Inputs(routing_map, valid, counts_buf, counts, tokens) and act's Inputs(op, x, live,
+# perm, out_buf, out, work_rows, rows, live_rows, n_cols, in_cols); the shape parameters count
+# takes (_ROUTING, seed) and act takes (op, rows, live_rows, ffn, in_cols, seed), all others
+# having defaults; and act builders that only make a closure (the act launch is rebuilt around
+# each FC1 output, see _Step.activation).
 
 
-def _delegate(params: dict, name: str, shape: dict, device) -> tuple:
-    """The count or act variant of this case, as FAMILY.resolve resolved it with the run's
-    environment (resolve_delegates, once per case), with the shape this step gives it. Params that
-    did not go through FAMILY.resolve get the shipped defaults of its kill switches (never
-    os.environ). Returns (family, params, sources)."""
+def _delegate(params: dict, name: str, shape: dict) -> tuple:
+    """The count or act variant of this case as FAMILY.resolve resolved it (never resolved again
+    here), with the shape this step gives it. Returns (family, params, sources)."""
     got = params.get(f"{name}_resolved")
     if got is None:
-        got = resolve_delegates("step", params, device, {})[f"{name}_resolved"]
+        raise ValueError(f"the layer step's {name} launch is not resolved: build a case from "
+                         "FAMILY.resolve's parameters (they carry count_resolved and act_resolved)")
     q, sources = got
     return get_family(name), {**q, **shape}, sources
 
@@ -365,17 +365,15 @@ class _Step:
         self.g = _Geometry.of(params)
         W, N = widths(params)
         shape = {**{n: params[n] for n in _ROUTING}, "seed": params["seed"]}
-        fam, cq, self.count_from = _delegate(params, "count", shape, device)
-        count_inputs = fam.load().Inputs
-        builder = fam.builder(params["count_variant"])
-        self.counters = [builder(count_inputs(routing_map=inp.routing_map[l], valid=inp.valid,
-                                              counts_buf=inp.counts_buf, counts=inp.counts, tokens=params["tokens"]),
-                                 cq, device) for l in range(params["layers"])]
+        count, cq, self.count_from = _delegate(params, "count", shape)
+        count_inputs = count.load().Inputs
+        self.counters = [count.build(params["count_variant"], count_inputs(
+            routing_map=inp.routing_map[l], valid=inp.valid, counts_buf=inp.counts_buf, counts=inp.counts,
+            tokens=params["tokens"]), cq, device) for l in range(params["layers"])]
         act_shape = {"op": params["op"], "rows": inp.rows, "live_rows": inp.rows, "ffn": N, "in_cols": W,
                      "seed": params["seed"]}
-        fam, self.act_params, self.act_from = _delegate(params, "act", act_shape, device)
-        self.act_inputs = fam.load().Inputs
-        self.act_builder = fam.builder(params["act_variant"])
+        self.act, self.act_params, self.act_from = _delegate(params, "act", act_shape)
+        self.act_inputs = self.act.load().Inputs
         # built once around the fixed FC1 buffer: its geometry, and an op the
         # variant does not implement fails here, before anything runs
         self.act_alone = self.activation(inp.fc1_out)
@@ -389,7 +387,7 @@ class _Step:
         a = self.act_inputs(op=self.params["op"], x=fc1_out, live=inp.n_used, perm=inp.perm, out_buf=inp.act_out,
                             out=inp.act_out, work_rows=None, rows=inp.rows, live_rows=inp.rows,
                             n_cols=inp.act_out.shape[1], in_cols=fc1_out.shape[1])
-        return self.act_builder(a, self.act_params, self.device)
+        return self.act.build(self.params["act_variant"], a, self.act_params, self.device)
 
     def route(self, layer: int) -> None:
         inp = self.inp
@@ -697,11 +695,7 @@ def _poison_out(inp: Inputs) -> Callable[[], None]:
     return reset
 
 
-@FAMILY.variant("step", params=("count_variant", "count_block_size", "count_num_warps", "count_grid",
-                                 "count_prefetch", "act_variant", "act_grid_cap", "act_num_warps", "act_tile_rows",
-                                 "act_tile_cols", "act_prefetch"),
-                doc="the layer step with a count and an act variant under test (scope step); or that "
-                    "kernel alone on the step's own tensors (scope count / act)")
+@FAMILY.builds("step")
 def build_step(inp: Inputs, params: dict, device) -> Built:
     step = _Step(inp, params, device)
     geometry, sources = step.geometry()
@@ -727,12 +721,8 @@ def build_step(inp: Inputs, params: dict, device) -> Built:
     return Built(step.act_alone.launch, inp.act_out, reset, geometry, launch_from=sources)
 
 
-@FAMILY.variant("mcore", source="upstream",
-                doc="megatron-core's mcore_fused_moe (BF16; squared ReLU only in 0.19.2) on the same routing and "
-                    "weights: the upstream reference arm")
+@FAMILY.builds("mcore")
 def build_mcore(inp: Inputs, params: dict, device) -> Built:
-    from moebench.sources import upstream
-
     fused = upstream.load("fused_moe")
     if params["op"] != "squared_relu" or params["scope"] != "step":
         raise ValueError("the mcore arm runs megatron-core's whole fused MoE, whose BF16 path implements squared_relu "

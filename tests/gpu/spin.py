@@ -1,4 +1,4 @@
-"""A kernel of known duration, to test the timer against (tests/gpu, scripts/timer_study.py).
+"""A kernel of known duration, to test the timer against (tests/gpu, scripts/nvbench_gap.py).
 
 One program of one warp spins on the SM's cycle counter (`%clock64`) for a given number of
 cycles. The cycle rate comes from the GPU's global timer (`%globaltimer`, nanoseconds): a long
