@@ -54,7 +54,7 @@ def pytest_runtest_logreport(report):
 def _commit() -> str:
     from moebench.core.provenance import git_commit  # $MOEBENCH_COMMIT, else moebench's own HEAD only
 
-    return git_commit(ROOT) or "unknown"
+    return git_commit() or "unknown"
 
 
 def _device_lines() -> list[str]:
