@@ -20,7 +20,7 @@ from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, B
 from moebench.core.cases import expand, varying_params
 from moebench.core.counters import note as counters_note
 from moebench.core.device import host_device, load_or_measure_ceilings
-from moebench.core.noise import apply as apply_noise, setting_problem
+from moebench.core.noise import apply as apply_noise
 from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
 from moebench.core.passes import select
 from moebench.core.pipeline import Options
@@ -68,19 +68,11 @@ class Plan:
     verify: bool
 
 
-def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | None = None, shard: str | None = None,
-         timing: str | None = None, noise: str | None = None) -> Plan:
+def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, shard: str | None = None,
+         timing: str | None = None) -> Plan:
     spec = load_spec(spec_name)
-    if l2 is not None:
-        if l2 not in ("warm", "cold"):
-            raise UsageError(f"--l2: expected warm or cold, got {l2!r}")
-        spec.timing.l2 = l2
     if timing:
         apply_timing_overrides(spec.timing, timing)
-    if noise is not None:
-        if setting_problem(noise):
-            raise UsageError(f"--noise: {setting_problem(noise)}")
-        spec.timing.noise = noise
     cases = expand(spec, quick=quick, verify=verify, force=force)
     vary = varying_params(cases)
     shard_of = None
@@ -346,15 +338,12 @@ def sweep(
     resume: bool = RESUME_OPT,
     force: bool = FORCE_OPT,
     case_limit: float = CASE_LIMIT_OPT,
-    l2: Optional[str] = typer.Option(None, "--l2", rich_help_panel=TIMER, help="warm (default) or cold (rotate input "
-                                     "sets past L2)."),
     timing: Optional[str] = typer.Option(None, "--timing", rich_help_panel=TIMER, help="Override timer settings of "
-                                         "the spec, e.g. groups=4,placement_memory=private (the keys of a spec's "
-                                         "timing: block)."),
-    noise: Optional[str] = typer.Option(None, "--noise", rich_help_panel=TIMER, help="The run-to-run term of the "
-                                        "stated intervals: auto (default: results/<device>/noise/<sweep>.json of the "
-                                        "repository, when measured on this GPU), none (timing.rerun_rel only), or a "
-                                        "noise model file (scripts/repro.py calibrate)."),
+                                         "the spec (the keys of a spec's timing: block), e.g. l2=cold (rotate input "
+                                         "sets past L2), groups=4, noise=none (the run-to-run term: auto, the "
+                                         "default, reads results/<device>/noise/<sweep>.json of the repository when "
+                                         "measured on this GPU; none; or a model file from scripts/repro.py "
+                                         "calibrate)."),
     cross_check: Optional[str] = typer.Option(None, "--cross-check", rich_help_panel=TIMER, help="Also time with: "
                                               "dobench (triton do_bench_cudagraph), nvbench (NVIDIA nvbench on the "
                                               "same graphs; pip install 'moebench[nvbench]'), profiler (CUPTI kernel "
@@ -380,7 +369,7 @@ def sweep(
     startup.mark("parsing the command line (typer)")
     use_sources(plugin, megatron_lm, interpret=interpret if not dry_run else None)
     with startup.phase("spec and cases"):
-        p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard, timing=timing, noise=noise)
+        p = plan(spec, quick=quick, verify=False, force=force, shard=shard, timing=timing)
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)
