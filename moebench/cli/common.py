@@ -25,10 +25,10 @@ from rich.text import Text
 from moebench import startup
 from moebench.analysis import metric_of
 from moebench.core import interpret as interpreter
+from moebench.core import device as devices
 from moebench.core.device import detect, require_triton, want_interpreter
-from moebench.core.store import check_formats
 from moebench.core.stats import median
-from moebench.core.text import ordered
+from moebench.core.text import md_table, ordered, printable
 from moebench.errors import BackendError, UsageError
 from moebench.sources import plugins, upstream
 
@@ -64,10 +64,6 @@ def fit_consoles() -> None:
         c.width = PIPE_WIDTH if not c.is_terminal else None  # type: ignore[assignment]
 
 
-# --format's values: known, non-empty, and each format's library importable, checked before anything runs
-parse_formats = check_formats
-
-
 def backend(interpret: bool) -> bool:
     """Set up the backend a run's kernels need and say whether it is the interpreter (--interpret,
     TRITON_INTERPRET=1, or no CUDA device): torch and triton imported, and under the interpreter
@@ -90,6 +86,21 @@ def select_backend(interpret: bool):
     use_interp = backend(interpret)
     with startup.phase("device (CUDA init, properties, NVML)"):
         return detect(use_interp)
+
+
+def cuda_device(what: str, then: str):
+    """The CUDA device that `what` times on; a BackendError saying what to do (`then`) without one."""
+    try:
+        interp = devices.want_interpreter(False)
+    except ImportError as e:
+        raise BackendError(f"{what}: {e.name or 'torch'} is not importable here; `make install` sets up .venv with "
+                           "it") from None
+    if interp:
+        raise BackendError(f"{what}: no CUDA device is visible (the Triton interpreter on the CPU checks correctness "
+                           f"only, and this needs timings); {then}")
+    devices.require_triton()
+    with startup.phase("device (CUDA init, properties, NVML)"):
+        return devices.detect(False)
 
 
 class Signalled(KeyboardInterrupt):
@@ -333,24 +344,29 @@ def print_failures(records, vary=()) -> None:
 
 # Options of the commands that print tables (show, compare, recommend, ab): markdown to paste into a PR.
 MARKDOWN_OPT = typer.Option(False, "--markdown", rich_help_panel="Output", help="Print the tables as markdown pipe "
-                            "tables, ready to paste into a pull request, instead of terminal tables (the same as "
-                            "--format md).")
-TABLE_FORMAT_OPT = typer.Option("table", "--format", rich_help_panel="Output", help="table (terminal tables) or md "
-                                "(markdown pipe tables, as --markdown).")
-
-
-def wants_markdown(markdown: bool, fmt: str) -> bool:
-    """--markdown, or --format md; any other --format than table / md is a usage error."""
-    f = (fmt or "").strip().lower()
-    if f not in ("table", "md", "markdown"):
-        raise UsageError(f"--format: expected table or md, got {fmt!r}")
-    return markdown or f != "table"
+                            "tables, ready to paste into a pull request, instead of terminal tables.")
 
 
 def print_markdown(text: str) -> None:
     """Markdown on stdout as written: never wrapped (a wrapped row is no longer a table row), no
     highlighting."""
     out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_rows(title: str, head: list[str], rows: list[list], markdown: bool, *, left=()) -> None:
+    """A table on stdout: a markdown pipe table under its title in bold (`markdown`), else a terminal
+    table with the columns named in `left` aligned left, the others right. Text cells are made
+    printable (they come from results files); a rich Text cell keeps its colour on the terminal."""
+    title = printable(title)
+    if markdown:
+        print_markdown(f"**{title}**\n\n" + md_table(head, [[str(c) for c in r] for r in rows]) + "\n")
+        return
+    t = Table(title=title, title_justify="left")
+    for h in head:
+        t.add_column(printable(h), justify="left" if h in left else "right")
+    for r in rows:
+        t.add_row(*[c if isinstance(c, Text) else printable(c) for c in r])
+    out.print(t)
 
 
 # Options shared by the commands that run or list kernels.

@@ -14,8 +14,8 @@ from rich.table import Table
 from moebench.analysis.compare import add_cycles
 from moebench.analysis.pages import page_spec
 from moebench.analysis.reference import load_reference, reference_names
-from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, TABLE_FORMAT_OPT, err, out,
-                                 listing_console, print_markdown, render_table, select_backend, use_sources, wants_markdown)
+from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, cuda_device, err, listing_console,
+                                 out, print_markdown, render_table, use_sources)
 from moebench.core.cases import expand
 from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
 from moebench.core.family import broken, catalogue, family_error
@@ -23,7 +23,7 @@ from moebench.core.records import load_results
 from moebench.core.spec import builtin_models, builtin_sweeps, load_spec
 from moebench.core.store import atomic_write_text, page_problem, page_text, writable_dir
 from moebench.core.text import printable
-from moebench.errors import BackendError, Unavailable, UsageError
+from moebench.errors import Unavailable, UsageError
 from moebench.report.catalogue import default_text, family_doc
 from moebench.sources import upstream
 
@@ -160,13 +160,11 @@ def show(
                                          "median_us; ref_check for a file without timings)."),
     reference: Optional[str] = REFERENCE_OPT,
     markdown: bool = MARKDOWN_OPT,
-    fmt: str = TABLE_FORMAT_OPT,
 ):
     """Print any results file as a PR-style pivot (--markdown: as pipe tables to paste), by default
     the one its page uses (the spec's pivot, recorded in the file)."""
     from moebench.report.sweep import frame, markdown_table, pivots  # pandas: only for the commands that pivot
 
-    md = wants_markdown(markdown, fmt)
     prov, records = load_results(results)
     if not records:
         raise UsageError(f"{results}: no records")
@@ -193,7 +191,7 @@ def show(
     for kind, title, t in tables:
         head = printable(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""))
         shown, corner = "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"
-        if md:
+        if markdown:
             print_markdown(f"**{head}**\n\n" + markdown_table(t, shown, corner) + "\n")
         else:
             out.print(render_table(head, t, shown, corner))
@@ -256,9 +254,7 @@ def device(
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure again even if cached."),
 ):
     """The GPU, its clocks, and the measured copy ceilings and empty-kernel floor."""
-    info = select_backend(False)
-    if info.backend != "cuda":
-        raise BackendError("no CUDA device is visible: nothing to measure (kernels would run under the interpreter)")
+    info = cuda_device("device", "nothing to measure")
     writable_dir(out_dir / info.slug, "--out")
     clocks = nvml_clocks()
     c = load_or_measure_ceilings(info, out_dir, remeasure=remeasure)

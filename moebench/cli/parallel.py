@@ -11,8 +11,8 @@ from typing import Optional
 
 import typer
 
-from moebench.cli.common import err, out, parse_formats, print_failures
-from moebench.core.store import OutputLock, ResultsWriter, output_file, writable_dir
+from moebench.cli.common import err, out, print_failures
+from moebench.core.store import OutputLock, ResultsWriter, check_formats, output_file, writable_dir
 from moebench.errors import ExitCode, UsageError
 from moebench.parallel.merge import merge_results
 from moebench.parallel.shards import unshard_stem
@@ -51,7 +51,7 @@ def merge(
     did not finish)."""
     from moebench.report.sweep import sweep_markdown
 
-    fmts = parse_formats(formats)
+    fmts = check_formats(formats)
     m = merge_results(files)
     dest, stem = _destination(output, m.files)
     writable_dir(dest, "-o")

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moebench import startup
-from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_formats,
+from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out,
                                  print_failures, print_pivots, print_timings, raise_pending, select_backend,
                                  in_run, use_sources)
 from moebench.core.cases import expand, varying_params
@@ -25,7 +25,7 @@ from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary,
 from moebench.core.passes import select
 from moebench.core.pipeline import Options
 from moebench.core.provenance import provenance, record_key, run_extra, run_settings, summary_fields
-from moebench.core.store import (OutputLock, ResultsWriter, existing_records, previous_records, result_stem,
+from moebench.core.store import (OutputLock, ResultsWriter, check_formats, existing_records, previous_records, result_stem,
                                  stream_path, writable_dir)
 from moebench.core.spec import apply_timing_overrides, load_spec
 from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
@@ -111,7 +111,7 @@ class Where:
 
 def where(p: Plan, a: Args) -> Where:
     """Check every option against the device the run gets (exit 2 before anything runs)."""
-    fmts = parse_formats(a.formats)
+    fmts = check_formats(a.formats)
     if not 0 <= a.case_limit <= CASE_LIMIT_MAX_S:
         raise UsageError(f"--case-limit: expected seconds from 0 (no limit) to {CASE_LIMIT_MAX_S:g}, "
                          f"got {a.case_limit:g}")
