@@ -207,10 +207,10 @@ MAX_CONSOLE_TABLES = 4
 
 def print_pivots(spec, records, metric: str | None = None, page: Path | None = None) -> None:
     """The spec's pivots as terminal tables; past MAX_CONSOLE_TABLES, a summary that points to the page."""
-    from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, pivots
+    from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, page_metric, pivots
 
     pv = spec.pivot
-    metric = metric or pv.get("metric", "median_us")
+    metric = metric or page_metric(spec, records)
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
     tables = pivots(records, rows, cols, metric, list(spec.family.params))
     if len(tables) <= MAX_CONSOLE_TABLES:

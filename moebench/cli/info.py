@@ -241,8 +241,7 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     spec = page_spec(prov, records)
     for note in spec.notes:
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
-    timed = any(r.timing.get("median_us") is not None for r in records)
-    md = sweep_markdown(spec, records, prov, metric=None if timed or spec.family.host_only else "ref_check")
+    md = sweep_markdown(spec, records, prov)
     atomic_write_text(dest, page_text(md, prov, len(records)))
     out.print(f"Wrote {dest}", markup=False, highlight=False)
 

@@ -62,9 +62,8 @@ def merge(
     host_only = prov.get("device", {}).get("backend") == "host"  # what the files say: no kernel launched
     md = None
     if "md" in fmts:
-        timed = bool(prov.get("timed"))
         prov = {**prov, "complete": m.complete}
-        md = sweep_markdown(spec, m.records, prov, metric=None if timed or host_only else "ref_check")
+        md = sweep_markdown(spec, m.records, prov)
     with OutputLock(dest, stem):
         written = ResultsWriter(dest, stem, prov, fmts, force=force).finalize(m.records, complete=m.complete,
                                                                               markdown=md)
@@ -94,8 +93,7 @@ def merged_line(m, prov: dict, host_only: bool) -> str:
         gaps.append(f"{m.missing_cases} case{'s' if m.missing_cases > 1 else ''} of the spec missing")
     if m.incomplete_files:
         gaps.append("unfinished: " + ", ".join(str(f) for f in m.incomplete_files))
-    line = (verdict_line(m.records) if not host_only
-            else f"{sum(r.status == 'ok' for r in m.records)}/{len(m.records)} cases evaluated")
+    line = verdict_line(m.records, host_only)
     dups = f", {m.duplicates} duplicate{'s' if m.duplicates != 1 else ''} kept once" if m.duplicates else ""
     return (f"{prov.get('sweep')}: merged {len(m.files)} file{'s' if len(m.files) != 1 else ''}, "
             f"{len(m.records)} records{dups}: {line}; "

@@ -196,7 +196,7 @@ def run_locked(p: Plan, w: Where, a: Args, dest: Path, stem: str):
     with startup.phase("writing the results files and page (import pandas)"):
         from moebench.report.sweep import sweep_markdown
 
-        md = sweep_markdown(spec, records, prov, metric=None if w.timed or spec.family.host_only else "ref_check")
+        md = sweep_markdown(spec, records, prov)
         prov["wall_phases"] = dict(startup.wall_rows())  # up to this write; --timings prints the whole table
         written = writer.finalize(records, complete=summary.complete, markdown=md)
     return records, summary, written
@@ -278,9 +278,8 @@ def finish(p: Plan, w: Where, a: Args, records: list, summary, written) -> int:
     with startup.phase("printing the tables"):
         if not p.verify:
             page = next((x for x in written.paths if x.suffix == ".md"), None)
-            print_pivots(spec, records, None if w.timed or host_only else "ref_check", page)
-        line = verdict_line(records) if not host_only else (
-            f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated")
+            print_pivots(spec, records, page=page)
+        line = verdict_line(records, host_only)
         note = "" if w.timed or host_only or w.device.backend == "cuda" else "  (interpreter run: no timings)"
         out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"), note))
         if w.device.backend == "interpret":

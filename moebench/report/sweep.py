@@ -16,8 +16,7 @@ from moebench.core.text import md_table, num, ordered, printable, varying
 from moebench.report.conformance import section as twins_section
 from moebench.report.counters import section as counters_section  # records with cross.counters
 from moebench.report.sections import sweep_section
-from moebench.report.ties import (NOT_TAKEN, TIE_NOTE, _label, fastest, fastest_text,  # noqa: F401 (re-exported)
-                                   full_labels, half_width)
+from moebench.report.ties import NOT_TAKEN, _label, full_labels
 
 STATUS_MARK = {"mismatch": "✗ mismatch", "error": "✗ error", "unavailable": "n/a"}
 
@@ -143,6 +142,13 @@ def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> s
     return md_table(head, rows)
 
 
+def page_metric(spec, records: list[Record]) -> str:
+    """What a page's pivots show: the spec's metric where a case was timed (or where no kernel runs:
+    a host-only family), else ref_check, the correctness check."""
+    timed = spec.family.host_only or any(r.timing.get("median_us") is not None for r in records)
+    return spec.pivot.get("metric", "median_us") if timed else "ref_check"
+
+
 def verdict(records: list[Record]) -> dict[str, int]:
     n = len(records)
     checked = [r for r in records if r.status in ("ok", "mismatch")]
@@ -156,9 +162,12 @@ def verdict(records: list[Record]) -> dict[str, int]:
     }
 
 
-def verdict_line(records: list[Record]) -> str:
+def verdict_line(records: list[Record], host_only: bool = False) -> str:
     """'2280/2280 exact' when every passing case equals the torch reference bit for bit; for bf16
-    kernels that pass within their stated ulp bound, says how many were exact and how many not."""
+    kernels that pass within their stated ulp bound, says how many were exact and how many not. A
+    host-only family's cases are evaluated, not checked against a kernel."""
+    if host_only:
+        return f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated"
     v = verdict(records)
     ok = [r for r in records if r.status == "ok"]
     inexact = [r for r in ok if r.checks.get("ref_check", "exact") != "exact"]
@@ -180,7 +189,7 @@ def verdict_line(records: list[Record]) -> str:
 def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | None = None) -> str:
     """The results page: what ran, where, the verdict, the PR-style tables and the floors."""
     pv = spec.pivot
-    metric = metric or pv.get("metric", "median_us")
+    metric = metric or page_metric(spec, records)
     dev = prov.get("device", {})
     c = prov.get("ceilings", {}) or {}
     out = [f"# {spec.name}", ""]
@@ -297,15 +306,3 @@ def timer_text(t: dict) -> str:
                 f"half-width the t-interval between them{plus} (stop when {stop}). L2: {t.get('l2')}")
     return (f"CUDA-graph replay, {t.get('launches_per_graph')} launches per graph over {where}, per-launch median "
             f"over replays{plus} (stop when {stop}). L2: {t.get('l2')}")
-
-
-def compare_markdown(rows, vary: list[str], title: str) -> str:
-    """`moebench compare --markdown`: the per-case verdicts as a pipe table for a PR. `rows` are
-    moebench.analysis.compare's CompareRows (read by attribute: core imports no analysis)."""
-    head = ["case", "variant", *vary, "BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]
-    body = [[r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, ".3f"), num(r.new_us, ".3f"),
-             f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
-             f"{100 * r.noise:.2f}" if r.noise is not None else "—",
-             f"**{r.verdict}**" if r.verdict in ("SLOWER", "FASTER") else r.verdict, r.note]
-            for r in rows]
-    return f"**{title}**\n\n" + md_table(head, body) + "\n"
