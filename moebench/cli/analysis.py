@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from moebench.analysis import read_results, results_json_layout
+from moebench.analysis import params_text, read_results, results_json_layout
 from moebench.analysis.ab import (ABPair, ab_document, ab_pairs, arm_order, check_ab, check_arm_environments,
                                   effect_text, parse_setting, per_step, run_arms, separation_cell, settings_text, us)
 from moebench.analysis.comparable import differences, file_noise
@@ -253,7 +253,7 @@ def print_compare_notes(rep, threshold: float, metric: str) -> None:
     for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
         if recs:
             out.print(f"Only in {name} ({len(recs)}): " + "; ".join(
-                f"{r.case_id} {r.label} {_params(r.params, vary)}" for r in recs[:20])
+                f"{r.case_id} {r.label} {params_text(r.params, vary)}" for r in recs[:20])
                 + (f"; ... {len(recs) - 20} more" if len(recs) > 20 else ""), highlight=False)
     out.print(f"Noise model: BASE {rep.noise_models['BASE']}; NEW {rep.noise_models['NEW']}.", style="dim",
               highlight=False)
@@ -448,10 +448,6 @@ def _csv(text: str | None) -> list[str] | None:
     if not text:
         return None
     return [s.strip() for s in text.split(",") if s.strip()] or None
-
-
-def _params(params: dict, keys: list[str]) -> str:
-    return ", ".join(f"{k}={params.get(k)}" for k in keys) if keys else ""
 
 
 def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:

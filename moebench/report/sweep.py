@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from moebench.analysis import params_text
 from moebench.core.noise import page_line
 from moebench.core.records import Record
 from moebench.core.text import md_table, num, ordered, printable, varying
@@ -260,7 +261,7 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     bad = [r for r in records if r.status != "ok"]
     if bad:
         out += ["## Failed cases", ""]
-        out += [f"- `{r.case_id}` {r.label} {_short_params(r)}: {r.status}: {r.error.splitlines()[0] if r.error else ''}"
+        out += [f"- `{r.case_id}` {r.label} {params_text(r.params)}: {r.status}: {r.error.splitlines()[0] if r.error else ''}"
                 for r in bad]
         out.append("")
     return "\n".join(out)
@@ -277,10 +278,6 @@ def _rel(path) -> str:
 def _baseline_text(spec) -> str:
     b = spec.baseline or {}
     return ", ".join(f"{k}={v}" for k, v in b.items()) or "none"
-
-
-def _short_params(r: Record) -> str:
-    return ", ".join(f"{k}={v}" for k, v in r.params.items() if v is not None)
 
 
 def timer_text(t: dict) -> str:
