@@ -182,22 +182,13 @@ def in_run() -> Iterator[None]:
         STATE["in_run"] = was
 
 
-def render_table(title: str, t, metric: str, corner: str) -> Table:
-    """A pivot (rows x columns of one metric) as a rich table; failed cells in red."""
-    from moebench.report.sweep import fmt
+def print_pivot(title: str, t, metric: str, corner: str, markdown: bool = False) -> None:
+    """A pivot (rows x columns of one metric) as a table (print_rows); failed cells in red."""
+    from moebench.report.sweep import pivot_rows
 
-    tab = Table(title=title or None, title_justify="left")
-    tab.add_column(corner, style="bold")
-    for c in t.columns:
-        tab.add_column(str(c), justify="right")
-    for key, row in t.iterrows():
-        key = key if isinstance(key, tuple) else (key,)
-        cells = []
-        for v in row:
-            s = fmt(v, metric)
-            cells.append(Text(s, style="red") if s.startswith("✗") else s)
-        tab.add_row(" ".join(str(k) for k in key), *cells)
-    return tab
+    head, rows = pivot_rows(t, metric, corner)
+    print_rows(title, head, [[Text(c, "red") if c.startswith("✗") else c for c in r] for r in rows], markdown,
+               left=(corner,))
 
 
 # More pivot tables than this print as one summary; the results page holds them all (combine-lds
@@ -215,17 +206,16 @@ def print_pivots(spec, records, metric: str | None = None, page: Path | None = N
     tables = pivots(records, rows, cols, metric, list(spec.family.params))
     if len(tables) <= MAX_CONSOLE_TABLES:
         for title, t in tables:
-            out.print(render_table(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric,
-                                   f"{rows} \\ {cols}"))
+            print_pivot(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric, f"{rows} \\ {cols}")
         if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
             out.print(NOT_TAKEN_NOTE, style="dim")
         return
     out.print(f"{spec.name}: {metric} of {len(records)} cases in {len(tables)} tables, summed up here"
               + (f"; every table is in {page}" if page else ""))
-    out.print(summary_table(records, metric))
+    print_rows("", *summary_rows(records, metric), False, left=("variant",))
 
 
-def summary_table(records, metric: str) -> Table:
+def summary_rows(records, metric: str) -> tuple[list[str], list[list[str]]]:
     """One row per variant label: how often each value of a categorical metric occurs (a path, a
     check verdict), or the least, median and largest value of a numeric one."""
     from moebench.report.sweep import STATUS_MARK
@@ -241,24 +231,20 @@ def summary_table(records, metric: str) -> Table:
     labels = ordered(r.label for r in records)
     numeric = all(metric_of(r, metric) is not None for r in records if r.status == "ok") and any(
         r.status == "ok" for r in records)
-    tab = Table()
-    tab.add_column("variant", style="bold")
     if numeric:
-        for c in ("cases", "min", "median", "max", "failed"):
-            tab.add_column(c, justify="right")
+        rows = []
         for lab in labels:
             mine = [r for r in records if r.label == lab]
             vals = [metric_of(r, metric) for r in mine if r.status == "ok"]
-            tab.add_row(str(lab), str(len(mine)), *(f"{f(vals):.4g}" if vals else "—" for f in (min, median, max)),
-                        str(sum(r.status != "ok" for r in mine)))
-        return tab
+            rows.append([str(lab), str(len(mine)), *(f"{f(vals):.4g}" if vals else "—" for f in (min, median, max)),
+                         str(sum(r.status != "ok" for r in mine))])
+        return ["variant", "cases", "min", "median", "max", "failed"], rows
     kinds = ordered(str(value(r)) for r in records)
-    for k in kinds:
-        tab.add_column(k, justify="right")
+    rows = []
     for lab in labels:
         mine = [str(value(r)) for r in records if r.label == lab]
-        tab.add_row(str(lab), *(str(mine.count(k)) for k in kinds))
-    return tab
+        rows.append([str(lab), *(str(mine.count(k)) for k in kinds)])
+    return ["variant", *kinds], rows
 
 
 class Bar:

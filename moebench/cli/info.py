@@ -15,7 +15,7 @@ from moebench.analysis.compare import add_cycles
 from moebench.analysis.pages import page_spec
 from moebench.analysis.reference import load_reference, reference_names
 from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, cuda_device, err, listing_console,
-                                 out, print_markdown, render_table, use_sources)
+                                 out, print_markdown, print_pivot, use_sources)
 from moebench.core.cases import expand
 from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
 from moebench.core.family import broken, catalogue, family_error
@@ -163,7 +163,7 @@ def show(
 ):
     """Print any results file as a PR-style pivot (--markdown: as pipe tables to paste), by default
     the one its page uses (the spec's pivot, recorded in the file)."""
-    from moebench.report.sweep import frame, markdown_table, pivots  # pandas: only for the commands that pivot
+    from moebench.report.sweep import frame, pivots  # pandas: only for the commands that pivot
 
     prov, records = load_results(results)
     if not records:
@@ -189,12 +189,8 @@ def show(
     if reference:
         ref, tables = _beside_reference(results, records, reference, rows, cols, metric)
     for kind, title, t in tables:
-        head = printable(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""))
-        shown, corner = "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"
-        if markdown:
-            print_markdown(f"**{head}**\n\n" + markdown_table(t, shown, corner) + "\n")
-        else:
-            out.print(render_table(head, t, shown, corner))
+        print_pivot(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""), t,
+                    "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}", markdown)
     if ref is not None:
         out.print(f"reference: {ref.title} — {ref.source}", highlight=False)
     dev = prov.get("device", {}).get("name")

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from moebench import startup
 from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out,
-                                 print_failures, print_pivots, print_timings, raise_pending, select_backend,
+                                 print_failures, print_pivots, print_rows, print_timings, raise_pending, select_backend,
                                  in_run, use_sources)
 from moebench.core.cases import expand, varying_params
 from moebench.core.counters import note as counters_note
@@ -85,14 +84,9 @@ def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, shard: str |
 
 
 def print_plan(p: Plan) -> None:
-    tab = Table(title=f"{p.spec.name}: {len(p.cases)} cases" + (" (quick)" if p.quick else ""), title_justify="left")
-    tab.add_column("case id")
-    tab.add_column("variant")
-    for v in p.vary:
-        tab.add_column(v, justify="right")
-    for c in p.cases:
-        tab.add_row(c.id, c.label, *[str(c.params.get(v)) for v in p.vary])
-    out.print(tab)
+    print_rows(f"{p.spec.name}: {len(p.cases)} cases" + (" (quick)" if p.quick else ""), ["case id", "variant", *p.vary],
+               [[c.id, c.label, *[str(c.params.get(v)) for v in p.vary]] for c in p.cases], False,
+               left=("case id", "variant"))
 
 
 @dataclass

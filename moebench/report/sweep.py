@@ -136,11 +136,16 @@ def fmt(v: Any, metric: str = "") -> str:
     return str(v)
 
 
-def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> str:
+def pivot_rows(t: pd.DataFrame, metric: str, corner: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """A pivot's header and rows as text: the row key, then each cell formatted (`fmt`)."""
     head = [corner or " / ".join(str(n) for n in t.index.names)] + [str(c) for c in t.columns]
     rows = [[" ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))] + [fmt(v, metric) for v in row]
             for key, row in t.iterrows()]
-    return md_table(head, rows)
+    return head, rows
+
+
+def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> str:
+    return md_table(*pivot_rows(t, metric, corner))
 
 
 def page_metric(spec, records: list[Record]) -> str:
