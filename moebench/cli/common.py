@@ -275,26 +275,20 @@ class Bar:
 
     def note(self, item: str) -> None:
         self.item = item
-        if self._rich is not None:
-            self._rich.update(self._task, item=item)
-        else:
-            self._line()
+        self._show()
 
     def describe(self, description: str) -> None:
         self.description = description
-        if self._rich is not None:
-            self._rich.update(self._task, description=description)
-        else:
-            self._line(force=True)
+        self._show(force=True)
 
     def advance(self) -> None:
         self.done += 1
-        if self._rich is not None:
-            self._rich.advance(self._task)
-        else:
-            self._line(force=self.done == self.total)
+        self._show(force=self.done == self.total)
 
-    def _line(self, force: bool = False) -> None:
+    def _show(self, force: bool = False) -> None:
+        if self._rich is not None:
+            self._rich.update(self._task, description=self.description, item=self.item, completed=self.done)
+            return
         now = self._clock()
         if not force and now - self._last < self.every:
             return
