@@ -24,7 +24,7 @@ from moebench.core.spec import builtin_models, builtin_sweeps, load_spec
 from moebench.core.store import atomic_write_text, page_problem, page_text, writable_dir
 from moebench.core.text import printable
 from moebench.errors import Unavailable, UsageError
-from moebench.report.catalogue import default_text, family_doc
+from moebench.report.catalogue import default_text, family_doc, variant_rows
 from moebench.sources import upstream
 
 app = typer.Typer()
@@ -74,11 +74,7 @@ def list_(
     for fam in catalogue().values():
         lines += _wrap(fam.name + ("" if fam.origin == "builtin" else f" ({fam.origin})"), con.width, "", "    ")
         lines += _wrap(fam.doc + (" (host-only)" if fam.host_only else ""), con.width, "    ", "    ")
-        for v in fam.variants.values():
-            env = "".join(f"; {k} from ${var}" for k, (var, _) in v.env.items())
-            lines += _wrap(f"{v.name} ({v.source}; launch params: {', '.join(v.params) or 'none'}{env})", con.width,
-                           "  ")
-            lines += _wrap(v.doc, con.width, "      ")
+        lines += [x for v in variant_rows(fam) for x in _variant_lines(v, con.width)]
     con.print("\n".join(lines), highlight=False)  # rich wraps the lines left longer than the console
     for name, why in broken().items():  # a family or installed plugin that failed: listed, not used, one line
         con.print(f"{name}: BROKEN: {why}", highlight=False, soft_wrap=True)
@@ -132,14 +128,16 @@ def print_family(con, doc: dict) -> None:
             lines += _wrap(f"{r['name']} (variants: {', '.join(r['variants'])}): {r['help']}", width, "  ")
     if doc["rules"]:
         lines += ["", "Rules:"] + [x for r in doc["rules"] for x in _wrap(f"{r['rule']}: {r['why']}", width, "  ")]
-    lines += ["", "Variants:"]
-    for v in doc["variants"]:
-        switches = "".join(f"; {k} from ${s['variable']}, shipped default {s['shipped_default']}"
-                           for k, s in v["kill_switches"].items())
-        lines += _wrap(f"{v['name']} ({v['source']}): launch params {', '.join(v['params']) or 'none'}{switches}",
-                       width, "  ")
-        lines += _wrap(v["doc"], width, "      ")
+    lines += ["", "Variants:"] + [x for v in doc["variants"] for x in _variant_lines(v, width)]
     con.print("\n".join(lines), highlight=False)  # rich wraps the lines left longer than the console
+
+
+def _variant_lines(v: dict, width: int) -> list[str]:
+    """A variant (catalogue.variant_rows) for `list`: its source, launch parameters and kill switches, then its doc."""
+    switches = "".join(f"; {k} from ${s['variable']}, shipped default {s['shipped_default']}"
+                       for k, s in v["kill_switches"].items())
+    return (_wrap(f"{v['name']} ({v['source']}; launch params: {', '.join(v['params']) or 'none'}{switches})", width, "  ")
+            + _wrap(v["doc"], width, "      "))
 
 
 def _wrap(text: str, width: int, first: str, rest: str = "      ") -> list[str]:
