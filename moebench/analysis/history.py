@@ -445,8 +445,6 @@ class Change:
     p: float
     before_us: float
     after_us: float
-    before_rel: float | None
-    after_rel: float | None
     label: str  # REAL, METHOD, HARDWARE or NOISE
     direction: str  # regression | improvement
     why: str
@@ -529,7 +527,7 @@ def label_change(s: Series, pts: list[Point], lo: int, k: int, hi: int, p: float
         label = REAL
         why = f"intervals separated {iv}" if separated else "no stated interval (rel_noise) to weigh it against"
     idx = s.points.index(pts[k])
-    return Change(s, idx, p, mb, ma, rb, ra, label, direction, why)
+    return Change(s, idx, p, mb, ma, label, direction, why)
 
 
 def changes(s: Series, *, sig: float = 0.05, permutations: int = 199, seed: int = 0,

@@ -26,8 +26,8 @@ from moebench.analysis.plot import plot_counters, plot_results
 from moebench.analysis.recommend import (check_cases, decide, emit_document, env_text, explain, judge_check,
                                          recommend_keys, regret_table)
 from moebench.analysis.reference import load_reference, reference_names
-from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, cuda_device, err, out,
-                                 print_markdown, print_rows, use_sources)
+from moebench.cli.common import (DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, MEGATRON_OPT, NOISE_OPT, PLUGIN_OPT, STATE, Bar,
+                                 cuda_device, err, out, print_markdown, print_rows, use_sources)
 from moebench.core.baseline import launch_layers
 from moebench.core.cases import expand
 from moebench.core.driver import Driver, Summary, run_sweep
@@ -169,15 +169,6 @@ def _print_ab(pairs: list[ABPair], layers: int | None, per_launch, md: str) -> N
                left=("case", "separation"))
     out.print("\n--- markdown for the PR description ---", style="dim")
     print_markdown(md)
-
-
-NOISE_OPT = typer.Option("auto", "--noise", help="The device noise model whose run-to-run terms widen the judged "
-                         "ones (max of the two; scripts/repro.py calibrate): auto (default) finds "
-                         "results/<device>/noise/<sweep>.json of the repository for the runs' device and sweep, none "
-                         "keeps each file's own, or a model file (refused when measured on another device or for "
-                         "another sweep).")
-FOREIGN_OPT = typer.Option(False, "--allow-foreign-model", help="Use a noise model measured on another device or for "
-                           "another sweep (said on stderr).")
 
 
 @app.command(short_help="Per case SAME / FASTER / SLOWER / NOISY / UNCLEAR; a CI gate.")

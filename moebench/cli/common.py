@@ -327,6 +327,16 @@ MARKDOWN_OPT = typer.Option(False, "--markdown", rich_help_panel="Output", help=
                             "tables, ready to paste into a pull request, instead of terminal tables.")
 
 
+# Options of the commands that judge stated intervals (compare, history check).
+NOISE_OPT = typer.Option("auto", "--noise", help="The device noise model (scripts/repro.py calibrate) whose run-to-run "
+                         "terms widen the stated ones (max of the two), as the timer states them: auto (default) finds "
+                         "results/<device>/noise/<sweep>.json of the repository for the runs' device and sweep, none "
+                         "keeps each file's own, or a model file (refused when measured on another device or for "
+                         "another sweep).")
+FOREIGN_OPT = typer.Option(False, "--allow-foreign-model", help="Use a --noise model measured on another device or "
+                           "for another sweep (said on stderr).")
+
+
 def print_markdown(text: str) -> None:
     """Markdown on stdout as written: never wrapped (a wrapped row is no longer a table row), no
     highlighting."""

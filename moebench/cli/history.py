@@ -10,9 +10,9 @@ import typer
 from rich.text import Text
 
 from moebench.analysis import REF_PREFIX, read_results
-from moebench.analysis.history import (add_results, case_text, check as run_check, open_db, order_notes, restate_with,
-                                       series, varying_params)
-from moebench.cli.common import DEFAULT_OUT, err, out, print_rows
+from moebench.analysis.history import (WINDOW, add_results, case_text, check as run_check, open_db, order_notes,
+                                       restate_with, series, varying_params)
+from moebench.cli.common import DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, NOISE_OPT, err, out, print_rows
 from moebench.errors import ExitCode, UsageError
 
 app = typer.Typer(no_args_is_help=True,
@@ -58,7 +58,7 @@ def show(
                                          "cases stored."),
     db: Path = DB_OPT,
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's cases."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
+    markdown: bool = MARKDOWN_OPT,
 ):
     """One row per run of the case, in run order: commit, device, driver, median, the stated
     interval and the timing method. Without CASE: the cases with their number of runs."""
@@ -98,16 +98,11 @@ def check(
     sig: float = typer.Option(0.05, "--sig", help="Significance level of the permutation test."),
     permutations: int = typer.Option(199, "--permutations", help="Permutations per test."),
     min_step: float = typer.Option(1.0, "--min-step", help="A smaller step (percent) is labelled noise."),
-    window: int = typer.Option(100, "--window", help="Search each case's last N timed runs (4 to 1000): memory per "
+    window: int = typer.Option(WINDOW, "--window", help="Search each case's last N timed runs (4 to 1000): memory per "
                                "series grows with N², about 100 bytes x N², whatever the history's length."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
-    noise: str = typer.Option("auto", "--noise", help="The device noise model each run's interval is re-stated "
-                              "with, as the timer states it (scripts/repro.py calibrate): auto (default) finds "
-                              "results/<device>/noise/<sweep>.json for the runs' device, none keeps the stated "
-                              "intervals, or a model file (refused when measured on another device or for another "
-                              "sweep)."),
-    allow_foreign_model: bool = typer.Option(False, "--allow-foreign-model", help="Use a --noise model measured on "
-                                             "another device or for another sweep (said)."),
+    markdown: bool = MARKDOWN_OPT,
+    noise: str = NOISE_OPT,
+    allow_foreign_model: bool = FOREIGN_OPT,
 ):
     """E-divisive means (Matteson & James 2014, as in MongoDB's CI) on each case's medians in run
     order (UTC instants; where commit ancestry in this git repository disagrees, it is said), over
