@@ -292,9 +292,8 @@ def recommend(
     name = prov.get("sweep") or Path(results).stem
     dev = (prov.get("device") or {}).get("name")
     for rec in recs:
-        title = printable(f"{name}: regret of {metric} across {', '.join(ov)}"
-                          + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "")
-                          + (f" on {dev}" if dev else ""))
+        title = (f"{name}: regret of {metric} across {', '.join(ov)}"
+                 + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "") + (f" on {dev}" if dev else ""))
         head, rows = _regret_rows(rec)
         print_rows(title, head, rows, markdown, left=(head[0], "choice"))
         print_markdown("\n".join(("- " if markdown else "") + printable(line) for line in explain(rec)) + "\n")
@@ -471,7 +470,7 @@ def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
             mark.append("weighted")
         cells.append(", ".join(mark))
         rows.append(cells)
-    return [printable(h) for h in head], [[printable(c) for c in row] for row in rows]  # text from a results file
+    return head, rows  # text from a results file: print_rows makes it printable
 
 
 @app.command(short_help="Seed kernels beside their upstream twins, across results files.")

@@ -13,7 +13,7 @@ from moebench.analysis import REF_PREFIX, read_results
 from moebench.analysis.history import (WINDOW, add_results, case_text, check as run_check, open_db, order_notes,
                                        restate_with, series, varying_params)
 from moebench.cli.common import DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, NOISE_OPT, err, out, print_rows
-from moebench.errors import ExitCode, UsageError
+from moebench.errors import UsageError
 
 app = typer.Typer(no_args_is_help=True,
                   help="A results history in one SQLite file (DB), and change points across it.")

@@ -13,7 +13,7 @@ import pandas as pd
 from moebench.analysis import params_text
 from moebench.core.noise import page_line
 from moebench.core.records import Record
-from moebench.core.text import md_table, num, ordered, printable, varying
+from moebench.core.text import md_table, ordered, printable, varying
 from moebench.report.conformance import section as twins_section
 from moebench.report.counters import section as counters_section  # records with cross.counters
 from moebench.report.sections import sweep_section
