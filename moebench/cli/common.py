@@ -116,9 +116,8 @@ def second_interrupt(signum, _frame) -> None:
     finished record is already in the stream (fsynced) and result files are only ever renamed
     into place whole, so nothing is lost; unwinding again would only print tracebacks from the
     middle of the shutdown (torch's atexit hooks)."""
-    os.write(2, b"interrupted again: stopping now; completed records are in the .partial.jsonl stream "
-                b"(rerun with --resume)\n")
-    os._exit(128 + signum)
+    startup.exit_now(signum, "interrupted again: stopping now; completed records are in the .partial.jsonl stream "
+                             "(rerun with --resume)")
 
 
 def _importing(frame) -> bool:
