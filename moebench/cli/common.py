@@ -30,6 +30,7 @@ from moebench.core.device import detect, require_triton, want_interpreter
 from moebench.core.stats import median
 from moebench.core.text import md_table, ordered, printable
 from moebench.errors import BackendError, UsageError
+from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, STATUS_MARK, page_metric, pivot_rows, pivots
 from moebench.sources import plugins, upstream
 
 out = Console(markup=False, emoji=False)
@@ -183,8 +184,6 @@ def in_run() -> Iterator[None]:
 
 def print_pivot(title: str, t, metric: str, corner: str, markdown: bool = False) -> None:
     """A pivot (rows x columns of one metric) as a table (print_rows); failed cells in red."""
-    from moebench.report.sweep import pivot_rows
-
     head, rows = pivot_rows(t, metric, corner)
     print_rows(title, head, [[Text(c, "red") if c.startswith("✗") else c for c in r] for r in rows], markdown,
                left=(corner,))
@@ -197,8 +196,6 @@ MAX_CONSOLE_TABLES = 4
 
 def print_pivots(spec, records, metric: str | None = None, page: Path | None = None) -> None:
     """The spec's pivots as terminal tables; past MAX_CONSOLE_TABLES, a summary that points to the page."""
-    from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, page_metric, pivots
-
     pv = spec.pivot
     metric = metric or page_metric(spec, records)
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
@@ -217,8 +214,6 @@ def print_pivots(spec, records, metric: str | None = None, page: Path | None = N
 def summary_rows(records, metric: str) -> tuple[list[str], list[list[str]]]:
     """One row per variant label: how often each value of a categorical metric occurs (a path, a
     check verdict), or the least, median and largest value of a numeric one."""
-    from moebench.report.sweep import STATUS_MARK
-
     def value(r):
         if r.status != "ok":
             return STATUS_MARK.get(r.status, r.status)

@@ -25,6 +25,7 @@ from moebench.core.store import atomic_write_text, page_problem, page_text, writ
 from moebench.core.text import printable
 from moebench.errors import Unavailable, UsageError
 from moebench.report.catalogue import default_text, family_doc, variant_rows
+from moebench.report.sweep import frame, pivots, sweep_markdown
 from moebench.sources import upstream
 
 app = typer.Typer()
@@ -161,8 +162,6 @@ def show(
 ):
     """Print any results file as a PR-style pivot (--markdown: as pipe tables to paste), by default
     the one its page uses (the spec's pivot, recorded in the file)."""
-    from moebench.report.sweep import frame, pivots  # pandas: only for the commands that pivot
-
     prov, records = load_results(results)
     if not records:
         raise UsageError(f"{results}: no records")
@@ -217,8 +216,6 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     the results file alone: no spec file is read and no plugin imported. An A/B results file (from
     `moebench ab`) is refused: its page is an A/B page, which `ab` writes. The page beside it is
     replaced only when it is this spec's and shows no more records (else --force)."""
-    from moebench.report.sweep import sweep_markdown  # pandas
-
     dest = results.with_suffix(".md")
     if results.suffix.lower() == ".md" or dest.resolve() == results.resolve():
         raise UsageError(f"{results}: render writes the page beside a results .json, so it would overwrite its own "

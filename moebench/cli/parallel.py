@@ -16,6 +16,7 @@ from moebench.core.store import OutputLock, ResultsWriter, check_formats, output
 from moebench.errors import ExitCode, UsageError
 from moebench.parallel.merge import merge_results
 from moebench.parallel.shards import unshard_stem
+from moebench.report.sweep import sweep_markdown, verdict_line
 
 app = typer.Typer()
 
@@ -49,8 +50,6 @@ def merge(
     the kill-switch variables and the baseline launch; a case in two files must have identical
     results. Exit 1 when a case failed or the merge is incomplete (a shard missing, or a shard that
     did not finish)."""
-    from moebench.report.sweep import sweep_markdown
-
     fmts = check_formats(formats)
     m = merge_results(files)
     dest, stem = _destination(output, m.files)
@@ -83,8 +82,6 @@ def merge(
 
 def merged_line(m, prov: dict, host_only: bool) -> str:
     """One line on what the merge holds: the verdict, and what is missing when it is incomplete."""
-    from moebench.report.sweep import verdict_line
-
     gaps = []
     if m.missing_shards:
         gaps.append(f"shard{'s' if len(m.missing_shards) > 1 else ''} "

@@ -29,6 +29,7 @@ from moebench.core.store import (OutputLock, ResultsWriter, check_formats, exist
 from moebench.core.spec import apply_timing_overrides, load_spec
 from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
 from moebench.parallel import shards, workers
+from moebench.report.sweep import sweep_markdown, verdict_line
 
 app = typer.Typer()
 
@@ -188,8 +189,6 @@ def run_locked(p: Plan, w: Where, a: Args, dest: Path, stem: str):
     records = summary.records
     prov.update(summary_fields(summary))
     with startup.phase("writing the results files and page (import pandas)"):
-        from moebench.report.sweep import sweep_markdown
-
         md = sweep_markdown(spec, records, prov)
         prov["wall_phases"] = dict(startup.wall_rows())  # up to this write; --timings prints the whole table
         written = writer.finalize(records, complete=summary.complete, markdown=md)
@@ -256,8 +255,6 @@ def drive(p: Plan, events, writer, todo: int):
 
 def finish(p: Plan, w: Where, a: Args, records: list, summary, written) -> int:
     """Say what the run did (or why it is incomplete) and return its exit code."""
-    from moebench.report.sweep import verdict_line
-
     spec, host_only = p.spec, p.spec.family.host_only
     saved = ", ".join(map(str, written.paths + ([written.stream] if written.stream else [])))
     if written.kept is not None:

@@ -1,14 +1,13 @@
 """Records -> tables. Long format in, PR-style pivots out (rows one parameter, columns another).
 
-Library code: returns DataFrames and strings; the CLI prints them.
+Library code: returns DataFrames and strings; the CLI prints them. pandas is imported where a
+table is pivoted, so that the commands that only print a verdict start without it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-import pandas as pd
 
 from moebench.analysis import params_text
 from moebench.core.noise import page_line
@@ -25,6 +24,8 @@ STATUS_MARK = {"mismatch": "✗ mismatch", "error": "✗ error", "unavailable": 
 def frame(records: list[Record]) -> pd.DataFrame:
     """Long format. Parameter columns stay objects: a launch parameter a variant does not read is
     None (not NaN, which would split groups and turn integer caps into floats)."""
+    import pandas as pd
+
     df = pd.DataFrame([r.to_row() for r in records])
     names = {k for r in records for k in r.params}
     for c in df.columns:
@@ -43,6 +44,8 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
     (`axes: {act_grid_cap: [512, 1024]}`) or by a few labels only goes into those rows' labels
     (`count 128, act cap, act_grid_cap=512`), so no table is one row long and no two rows read
     alike; one set by the column value (the partner of a `zip`) is named in the title."""
+    import pandas as pd
+
     df = frame(records)
     if df.empty:
         return []
@@ -113,7 +116,7 @@ def _per_column(g: pd.DataFrame, col: str, names: list[str]) -> list[str]:
     for c in names:
         by = {}
         for cv, v in zip(g[col], g[c]):
-            if v is not None and not (isinstance(v, float) and pd.isna(v)):
+            if v is not None and not (isinstance(v, float) and v != v):  # None or NaN
                 by.setdefault(cv, v)
         if len({repr(v) for v in by.values()}) > 1:
             parts.append(f"{c} per column: " + ", ".join(str(_label(by.get(cv[0]))) for cv in ordered((v,) for v in g[col])))
@@ -125,7 +128,7 @@ NOT_TAKEN_NOTE = (f"{NOT_TAKEN} in a row label: the variant does not take that p
 
 
 def fmt(v: Any, metric: str = "") -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
+    if v is None or (isinstance(v, float) and v != v):  # None or NaN
         return "—"
     if isinstance(v, bool):
         return "yes" if v else "no"
