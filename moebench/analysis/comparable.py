@@ -55,9 +55,6 @@ class Differences:
     number: list[str] = field(default_factory=list)  # settings that change the number
     noise_only: list[str] = field(default_factory=list)
 
-    def __bool__(self) -> bool:
-        return bool(self.device or self.number or self.noise_only)
-
 
 def differences(a: dict, b: dict) -> Differences:
     """What tells the runs of two provenances apart (settings_of each), as `key: a -> b` phrases."""

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from moebench.analysis import params_text, read_results, results_json_layout
 from moebench.analysis.ab import (ABPair, ab_document, ab_pairs, arm_order, check_ab, check_arm_environments,
-                                  effect_text, parse_setting, per_step, run_arms, separation_cell, settings_text, us)
+                                  parse_setting, run_arms, settings_text)
 from moebench.analysis.comparable import differences, file_noise
 from moebench.analysis.compare import compare_files
 from moebench.analysis.pages import builtin_family
@@ -28,7 +28,6 @@ from moebench.analysis.recommend import (check_cases, decide, emit_document, env
 from moebench.analysis.reference import load_reference, reference_names
 from moebench.cli.common import (DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, MEGATRON_OPT, NOISE_OPT, PLUGIN_OPT, STATE, Bar,
                                  cuda_device, err, out, print_markdown, print_rows, use_sources)
-from moebench.core.baseline import launch_layers
 from moebench.core.cases import expand
 from moebench.core.driver import Driver, Summary, run_sweep
 from moebench.core.pipeline import Options
@@ -63,9 +62,8 @@ def ab(
                                  "the schedule, run nothing."),
     out_dir: Path = typer.Option(DEFAULT_OUT, "--out", rich_help_panel="Output", help="Results root; files go to "
                                  "OUT/<device>/."),
-    markdown: bool = typer.Option(False, "--markdown", rich_help_panel="Output", help="Print only the markdown block "
-                                  "for the PR description (pipe tables; with --dry-run, the plan as one), no terminal "
-                                  "tables."),
+    markdown: bool = typer.Option(False, "--markdown", rich_help_panel="Output", help="With --dry-run: the plan as a "
+                                  "markdown pipe table (a run always prints its PR-ready markdown block)."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
@@ -88,7 +86,7 @@ def ab(
     check_arm_environments(sp, pairs, offs, ons, device, os.environ)  # each arm's, once, before any arm runs
     stem = f"{sp.name}-ab" + ("-quick" if quick else "")
     dest, md = run_ab(sp, device, pairs, offs, ons, arms=arms, iters=iters, quick=quick, out_dir=out_dir, stem=stem)
-    print_ab_results(sp, pairs, md, dest, stem, markdown)
+    print_ab_results(pairs, md, dest, stem)
 
 
 def print_ab_plan(sp, pairs: list[ABPair], offs, ons, *, arms: int, iters: int, markdown: bool = False) -> None:
@@ -133,42 +131,15 @@ def run_ab(sp, device, pairs: list[ABPair], offs, ons, *, arms: int, iters: int,
     return dest, md
 
 
-def print_ab_results(sp, pairs: list[ABPair], md: str, dest: Path, stem: str, md_only: bool = False) -> None:
-    """The A/B table, the argument per case, the page for the PR; exit 1 when a case failed."""
-    layers = sp.model.get("moe_layers")
-
-    def per_launch(p: ABPair) -> int:
-        return launch_layers(sp.family, p.off.params)
-
-    if md_only:
-        print_markdown(md)
-    else:
-        _print_ab(pairs, layers, per_launch, md)
+def print_ab_results(pairs: list[ABPair], md: str, dest: Path, stem: str) -> None:
+    """The page for the PR (the A/B table and the argument per case); exit 1 when a case failed."""
+    print_markdown(md)
     out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
     failed = [p for p in pairs if p.errors]
     for p in failed:
         err.print(Text.assemble(("failed", "red"), f" {p.text}: {p.errors[0]}"
                                 + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1 else "")))
     raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
-
-
-def _print_ab(pairs: list[ABPair], layers: int | None, per_launch, md: str) -> None:
-    """ab's terminal output: the table in colour, then the markdown block (which argues each case)."""
-    rows = []
-    for p in pairs:
-        st = p.stats
-        if st is None:
-            rows.append([p.text, Text("✗", "red"), Text("✗", "red"), "", "", Text(p.errors[0], "red"), "", "", ""])
-            continue
-        pr = per_step(st.off_mean, st.on_mean, layers, per_launch(p))
-        rows.append([p.text, us(st.off_mean), us(st.on_mean), f"{st.delta:+.3f}", f"{100 * st.rel:+.1f}%",
-                     Text(separation_cell(st), {"better": "green", "worse": "red"}.get(st.separation, "yellow")),
-                     f"{us(st.sd_off)} / {us(st.sd_on)}", effect_text(st), f"{pr.delta:+.1f} µs" if pr else "none"])
-    print_rows("A/B per case (µs per launch; ON - OFF)", ["case", "OFF", "ON", "Δ µs", "Δ %", "separation",
-               "sd OFF / ON", "effect", f"per step ({layers} layers)" if layers else "per step"], rows, False,
-               left=("case", "separation"))
-    out.print("\n--- markdown for the PR description ---", style="dim")
-    print_markdown(md)
 
 
 @app.command(short_help="Per case SAME / FASTER / SLOWER / NOISY / UNCLEAR; a CI gate.")
