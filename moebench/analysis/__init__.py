@@ -78,8 +78,14 @@ def varying_keys(records: Sequence[Record]) -> list[str]:
     return varying([{"label": r.label, **r.params} for r in records], ["label"] + names)
 
 
+def params_text(params: dict, keys: Sequence[str] | None = None) -> str:
+    """`k=v, ...` over `keys` (default: every key whose value is set)."""
+    keys = [k for k, v in params.items() if v is not None] if keys is None else keys
+    return ", ".join(f"{k}={params.get(k)}" for k in keys)
+
+
 def describe(keys: Sequence[str], values: Sequence[Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in zip(keys, values)) or "all"
+    return params_text(dict(zip(keys, values)), keys) or "all"
 
 
 def results_json_layout(prov: dict, records: list[Record], **extra: Any) -> str:

@@ -1,25 +1,12 @@
-"""When two runs' numbers may be set side by side, and which half-width a record may claim.
+"""When two runs' numbers may be set side by side (`differences`, `check_comparable`), and which
+half-width a record may claim (`file_noise`): one rule, used by `compare`, `history`, `merge` and
+`recommend --check`.
 
-One rule, used by `compare`, `history`, `merge` and `recommend --check`:
-
-- `settings_of`: what a run's numbers depend on besides the case (the device, the timer settings,
-  the kill switches), read the same way from a results file (provenance.device, .timing,
-  .settings.switches) and from a stream (.partial.jsonl: its header holds them under `settings`).
-- `differences`: what tells two runs apart, in three kinds: the device (name, backend, SM count);
-  settings that change the number (every timer key but NOISE_ONLY, and every kill switch); and
-  noise-only settings (NOISE_ONLY: how long a measurement runs, or only the half-width it states).
-- `file_noise`: the half-width each record is judged by. A record states rel_noise =
-  hypot(rel_noise_within, rerun_rel); the parts must agree within PARTS_TOLERANCE, or the file is
-  refused. The run-to-run term is not taken from the record: it is the one the noise model the file
-  names (provenance.noise_model: path and sha256, verified: `named`) gives for the
-  case, never below timing.rerun_rel; for a case no verified model holds, it is an assumed term, the
-  record's own capped at timing.rerun_rel and at ASSUMED_MAX. Only a measured term can make a
-  compare case NOISY. A record that states no run-to-run term (rerun_rel) is not judged.
-- `model_for`: the model `--noise` names for a sweep's runs (auto: the repository's for its sweep
-  and device; none; or a file, refused when it was measured on another device or for another sweep
-  unless allowed), whose terms then widen the judged ones (`FileNoise.restate`).
-
-No torch import; a model file is read as data only.
+A record states rel_noise = hypot(rel_noise_within, rerun_rel). Its run-to-run term is not taken
+from the record: it is the one the noise model the file names gives for the case (path and sha256
+verified: `named`), never below timing.rerun_rel; for a case no verified model holds, an assumed
+term, the record's own capped at timing.rerun_rel and at ASSUMED_MAX. Only a measured term can
+make a compare case NOISY. A model file is read as data only.
 """
 
 from __future__ import annotations
@@ -67,9 +54,6 @@ class Differences:
     device: list[str] = field(default_factory=list)
     number: list[str] = field(default_factory=list)  # settings that change the number
     noise_only: list[str] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.device or self.number or self.noise_only)
 
 
 def differences(a: dict, b: dict) -> Differences:

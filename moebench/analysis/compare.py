@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moebench.analysis import metric_of, read_results, varying_keys
+from moebench.analysis import metric_of, params_text, read_results, varying_keys
 from moebench.analysis.comparable import FileNoise, check_comparable, file_noise, model_for
 from moebench.core.records import Record
 from moebench.errors import UsageError
@@ -153,7 +153,7 @@ class CompareReport:
         worst = max((r for r in self.rows if r.diff is not None and r.verdict == "SLOWER"),
                     key=lambda r: -r.diff if self.higher_is_better else r.diff, default=None)
         if worst is not None:
-            which = ", ".join(f"{k}={worst.params.get(k)}" for k in self.vary) or _short(worst.params)
+            which = params_text(worst.params, self.vary) or params_text(worst.params)
             line += f"; worst regression {100 * worst.diff:+.1f}% ({worst.label} {which})"
         return line + f" (threshold {100 * self.threshold:g}%)"
 
@@ -235,7 +235,7 @@ def check_times(records: list[Record], name: str, metric: str) -> None:
         if r.status != "ok" or v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise UsageError(f"{name}: case {r.case_id} ({r.label} {_short(r.params)}): {metric} is {v!r}; a time "
+            raise UsageError(f"{name}: case {r.case_id} ({r.label} {params_text(r.params)}): {metric} is {v!r}; a time "
                              "must be a positive number")
 
 
@@ -336,11 +336,7 @@ def _by_case(records: list[Record], name: str) -> dict[str, Record]:
     out: dict[str, Record] = {}
     for r in records:
         if r.case_id in out:
-            raise UsageError(f"{name} has more than one record for case {r.case_id} ({r.label} {_short(r.params)}); "
+            raise UsageError(f"{name} has more than one record for case {r.case_id} ({r.label} {params_text(r.params)}); "
                              "compare needs one record per case (an ab file holds one per iteration)")
         out[r.case_id] = r
     return out
-
-
-def _short(params: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items() if v is not None)

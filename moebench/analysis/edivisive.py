@@ -3,10 +3,8 @@
 The method is Matteson & James, "A Nonparametric Approach for Multiple Change Point Analysis of
 Multivariate Data", JASA 109(505), 2014 (arXiv:1306.4933), as MongoDB runs it in its performance
 CI (Daly et al., "The Use of Change Point Detection to Identify Software Performance Regressions in
-a Continuous Integration System", ICPE 2020) and Hunter/Apache Otava took it from there. Written
-here in our own code because the maintained packages do not install beside moebench:
-signal-processing-algorithms 2.1.6 (MongoDB's) requires Python 3.11 only and numpy < 2; apache-otava
-0.8 pins numpy 2.2 and pulls BigQuery, Postgres and Slack clients.
+a Continuous Integration System", ICPE 2020). Written here because the maintained packages
+(signal-processing-algorithms, apache-otava) pin numpy versions moebench cannot share.
 
 For a segment Z of n values split at tau into X = Z[:tau] (m values) and Y = Z[tau:] (k values),
 with alpha in (0, 2):

@@ -7,16 +7,10 @@ results it summarises. A database holding anything moebench did not create (a tr
 another table or index, a table of another definition) is refused on open: SQL stored in a file
 never runs.
 
-Tables (schema version `SCHEMA_VERSION`, kept in `meta`; a file of another version is refused):
-meta(key, value); runs, one row per run with its provenance (device, driver, CUDA, torch, triton,
-clocks, commit, spec hash, its settings as the comparability rule reads them, command, timestamp
-and that instant in UTC); records, one row per record (case id, variant, status, median, the noise
-fields as `compare` judges them, timer, estimator, L2 state, SM clocks, a fingerprint of its
-measurement, the record as JSON). Values are typed on the way in (exit 2 naming the key).
-
-One run is one run: a stream and its final file, or a resumed run, share measurements (records of
-one fingerprint: the case and its timing group); the file holding more timed records is kept. A/B
-files and files with two records of a case are not sweep runs.
+Tables (`_SCHEMA`, version `SCHEMA_VERSION` kept in `meta`; a file of another version is refused):
+runs, one row per run with its provenance; records, one row per record with the noise fields as
+`compare` judges them and a fingerprint of its measurement. Values are typed on the way in (exit 2
+naming the key). One run is stored once (`add_results`).
 
 `check` runs E-divisive means (moebench.analysis.edivisive) on each case's series of medians in run
 order (UTC instant, then the order added), over its last `WINDOW` timed runs, and labels every
@@ -451,8 +445,6 @@ class Change:
     p: float
     before_us: float
     after_us: float
-    before_rel: float | None
-    after_rel: float | None
     label: str  # REAL, METHOD, HARDWARE or NOISE
     direction: str  # regression | improvement
     why: str
@@ -535,7 +527,7 @@ def label_change(s: Series, pts: list[Point], lo: int, k: int, hi: int, p: float
         label = REAL
         why = f"intervals separated {iv}" if separated else "no stated interval (rel_noise) to weigh it against"
     idx = s.points.index(pts[k])
-    return Change(s, idx, p, mb, ma, rb, ra, label, direction, why)
+    return Change(s, idx, p, mb, ma, label, direction, why)
 
 
 def changes(s: Series, *, sig: float = 0.05, permutations: int = 199, seed: int = 0,

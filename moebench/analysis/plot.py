@@ -96,17 +96,12 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
     colours = _colours([k[0] for k in lines] + [k[0] for k in ref_lines])
     markers = _markers([k[1:] for k in lines])
     fig, axes = _figure(len(panels))
-    xs_all: set = set()
-
     ax = axes[0]
+    xs_all = _solid(ax, lines, colours, markers, lambda key: _series_label(p.series, key, others))
     for key, pts in lines.items():
-        xs, ys = zip(*pts)
-        xs_all.update(xs)
-        c, m = colours[key[0]], markers[key[1:]]
-        ax.plot(xs, ys, "-" + m, color=c, lw=1.8, ms=4.5 if m == "o" else 7, label=_series_label(p.series, key, others))
         if len(pts) >= 3:  # the line's minimum, ringed
-            i = min(range(len(ys)), key=ys.__getitem__)
-            ax.plot([xs[i]], [ys[i]], "o", ms=11, mfc="none", mec=c, mew=1.4)
+            low_x, low_y = min(pts, key=lambda xy: xy[1])
+            ax.plot([low_x], [low_y], "o", ms=11, mfc="none", mec=colours[key[0]], mew=1.4)
     floor_drawn = False
     if p.floor_panel:  # the floor each line is read against, dotted, in its colour
         for key, pts in _lines(records, p, others, _metric("floor_us")).items():
@@ -114,13 +109,11 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
             ax.axhline(sum(ys) / len(ys), color=colours.get(key[0], "0.5"), ls=":", lw=1,
                        label=None if floor_drawn else "floor (bytes / copy ceiling)")
             floor_drawn = True
-    n_ref = 0
-    for key, pts in ref_lines.items():
-        xs, ys = zip(*pts)
-        xs_all.update(xs)
-        n_ref += len(pts)
-        ax.plot(xs, ys, "--s", color=colours[key[0]], lw=1.3, ms=4.5, mfc="none",
-                label=f"{p.series}={key[0]}, {reference.label}")
+
+    def ref_label(key) -> str:
+        return f"{p.series}={key[0]}, {reference.label}"
+
+    xs_all |= _dashed(ax, ref_lines, colours, ref_label)
     _axes(ax, p.x, _ylabel(records, metric), xs_all)
     _yscale(ax, [y for pts in list(lines.values()) + list(ref_lines.values()) for _, y in pts])
 
@@ -128,16 +121,13 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
         ax2 = axes[1]
         ref_floor = _lines(reference.records, p, [], _metric("x_floor")) if reference else {}
         levels = _floor_levels(records, p, others)
-        for key, pts in floor_lines.items():
-            xs, ys = zip(*pts)
-            m = markers.get(key[1:], "o")
+
+        def floor_label(key) -> str:
             lv = "/".join(sorted(levels.get(key, ())))
-            ax2.plot(xs, ys, "-" + m, color=colours.get(key[0], "0.3"), lw=1.8, ms=4.5 if m == "o" else 7,
-                     label=_series_label(p.series, key, others) + (f" [{lv.upper()} floor]" if lv else ""))
-        for key, pts in ref_floor.items():
-            xs, ys = zip(*pts)
-            ax2.plot(xs, ys, "--s", color=colours[key[0]], lw=1.3, ms=4.5, mfc="none",
-                     label=f"{p.series}={key[0]}, {reference.label}")
+            return _series_label(p.series, key, others) + (f" [{lv.upper()} floor]" if lv else "")
+
+        _solid(ax2, floor_lines, colours, markers, floor_label)
+        _dashed(ax2, ref_floor, colours, ref_label)
         ax2.axhline(1.0, color="0.4", lw=1, ls=":", label="1× = at the floor")
         _axes(ax2, p.x, "× floor (time / bytes-moved floor)", xs_all)
         _yscale(ax2, [y for pts in list(floor_lines.values()) + list(ref_floor.values()) for _, y in pts] + [1.0])
@@ -153,7 +143,30 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
     if reference is not None:
         sub.append(f"dashed: {reference.label} ({reference.timer})")
     _save(fig, axes, title + ("\n" + "; ".join(sub) if sub else ""), out)
-    return Drawn(out, title, panels, len(lines), sum(len(v) for v in lines.values()), n_ref, notes)
+    return Drawn(out, title, panels, len(lines), sum(len(v) for v in lines.values()),
+                 sum(len(v) for v in ref_lines.values()), notes)
+
+
+def _solid(ax, lines: dict, colours: dict, markers: dict, label: Callable[[tuple], str], suffix: str = "") -> set:
+    """Each measured line, solid, in its series' colour with its marker; returns the x values drawn."""
+    xs_all: set = set()
+    for key, pts in lines.items():
+        xs, ys = zip(*pts)
+        xs_all.update(xs)
+        m = markers.get(key[1:], "o")
+        ax.plot(xs, ys, "-" + m, color=colours.get(key[0], "0.3"), lw=1.8, ms=4.5 if m == "o" else 7,
+                label=label(key) + suffix)
+    return xs_all
+
+
+def _dashed(ax, lines: dict, colours: dict, label: Callable[[tuple], str], style: str = "--s", lw: float = 1.3) -> set:
+    """Each line of a reference (or the arithmetic occupancy), dashed, in its series' colour."""
+    xs_all: set = set()
+    for key, pts in lines.items():
+        xs, ys = zip(*pts)
+        xs_all.update(xs)
+        ax.plot(xs, ys, style, color=colours[key[0]], lw=lw, ms=4.5, mfc="none", label=label(key))
+    return xs_all
 
 
 def _lines(records: list[Record], p: Preset, others: list[str], get: Callable[[Record], float | None],
@@ -228,24 +241,16 @@ def plot_counters(records: list[Record], prov: dict, out: Path, *, x: str | None
     colours = _colours([k[0] for k in list(times) + list(measured)])
     markers = _markers([k[1:] for k in list(times) + list(measured)])
     fig, (ax, ax2) = _figure(2)
-    xs_all: set = set()
-    for key, pts in times.items():
-        xs, ys = zip(*pts)
-        xs_all.update(xs)
-        ax.plot(xs, ys, "-" + markers[key[1:]], color=colours[key[0]], lw=1.8, ms=5,
-                label=_series_label(p.series, key, others))
+
+    def label(key) -> str:
+        return _series_label(p.series, key, others)
+
+    xs_all = _solid(ax, times, colours, markers, label)
     _axes(ax, p.x, "µs per launch (CUDA-graph replay)", xs_all)
     _yscale(ax, [y for pts in times.values() for _, y in pts])
-    for key, pts in measured.items():
-        xs, ys = zip(*pts)
-        xs_all.update(xs)
-        ax2.plot(xs, ys, "-" + markers[key[1:]], color=colours[key[0]], lw=1.8, ms=5,
-                 label=_series_label(p.series, key, others) + ", achieved")
-    for key, pts in arith.items():
-        if key in measured:
-            xs, ys = zip(*pts)
-            ax2.plot(xs, ys, "--", color=colours[key[0]], lw=1.1, label=_series_label(p.series, key, others)
-                     + ", arithmetic")
+    xs_all |= _solid(ax2, measured, colours, markers, label, ", achieved")
+    _dashed(ax2, {k: v for k, v in arith.items() if k in measured}, colours, lambda key: label(key) + ", arithmetic",
+            "--", 1.1)
     _axes(ax2, p.x, "occupancy % (solid: achieved, ncu; dashed: arithmetic)", xs_all)
     ax2.set_ylim(0, 105)
     dev = (prov.get("device") or {}).get("name") or "?"

@@ -6,13 +6,8 @@
 - moebench.cli.parallel: merge
 - moebench.cli.history: history add | show | check
 
-Commands are thin: parse -> call the library -> render. Library code never prints.
-
-Exit codes (moebench.errors.ExitCode): 0 ok; 1 a case failed (verification or an error; the
-table marks it); 2 usage, spec or results-file error (one line naming the file, the key and what
-was expected); 3 an internal error (a bug: -v shows the traceback); 128 + signal when a run was
-interrupted (130 Ctrl-C, 143 SIGTERM; its completed records are saved).
-"""
+Commands are thin: parse -> call the library -> render. Library code never prints. main() turns
+errors and signals into the exit codes of moebench.errors.ExitCode."""
 
 from __future__ import annotations
 

@@ -14,40 +14,32 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
-from moebench.analysis.ab import (OFF, ON, ABPair, ab_pairs, effect_text, noise_text, per_step, projection_text, run_arms,
-                                  separation_cell, separation_text, settings_text, us)
-from moebench.analysis import read_results
+from moebench.analysis import params_text, read_results, results_json_layout
+from moebench.analysis.ab import (ABPair, ab_document, ab_pairs, arm_order, check_ab, check_arm_environments,
+                                  parse_setting, run_arms, settings_text)
+from moebench.analysis.comparable import differences, file_noise
+from moebench.analysis.compare import compare_files
+from moebench.analysis.pages import builtin_family
 from moebench.analysis.plot import plot_counters, plot_results
+from moebench.analysis.recommend import (check_cases, decide, emit_document, env_text, explain, judge_check,
+                                         recommend_keys, regret_table)
 from moebench.analysis.reference import load_reference, reference_names
-from moebench.core.baseline import launch_layers
-from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, STATE, TABLE_FORMAT_OPT, Bar, err,
-                                 out, print_markdown, use_sources, wants_markdown)
-from moebench.core.store import atomic_write_text, output_file
-from moebench.core.text import md_table, num, printable
+from moebench.cli.common import (DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, MEGATRON_OPT, NOISE_OPT, PLUGIN_OPT, STATE, Bar,
+                                 cuda_device, err, out, print_markdown, print_rows, use_sources)
+from moebench.core.cases import expand
+from moebench.core.driver import Driver, Summary, run_sweep
+from moebench.core.pipeline import Options
+from moebench.core.provenance import provenance, run_settings
+from moebench.core.spec import PACKAGE_ROOT, load_spec
+from moebench.core.store import OutputLock, atomic_write_text, output_file, writable_dir
+from moebench.core.text import num, printable
+from moebench.errors import ExitCode, UsageError
+from moebench.report.ab import ab_page
 from moebench.report.conformance import page as conformance_page, rows as conformance_rows, twins
-from moebench.errors import BackendError, ExitCode, UsageError
 
 app = typer.Typer()
-
-def _ab_table(pairs: list[ABPair], layers: int | None, per_launch) -> Table:
-    t = Table(title="A/B per case (µs per launch; ON - OFF)", title_justify="left")
-    for c in ("case", "OFF", "ON", "Δ µs", "Δ %", "separation", "sd OFF / ON", "effect",
-              f"per step ({layers} layers)" if layers else "per step"):
-        t.add_column(c, justify="left" if c in ("case", "separation") else "right")
-    for p in pairs:
-        st = p.stats
-        if st is None:
-            t.add_row(p.text, Text("✗", "red"), Text("✗", "red"), "", "", Text(p.errors[0], "red"), "", "", "")
-            continue
-        pr = per_step(st.off_mean, st.on_mean, layers, per_launch(p))
-        colour = {"better": "green", "worse": "red"}.get(st.separation, "yellow")
-        t.add_row(p.text, us(st.off_mean), us(st.on_mean), f"{st.delta:+.3f}", f"{100 * st.rel:+.1f}%",
-                  Text(separation_cell(st), colour), f"{us(st.sd_off)} / {us(st.sd_on)}",
-                  effect_text(st), f"{pr.delta:+.1f} µs" if pr else "none")
-    return t
 
 
 # ============================================================================ commands
@@ -70,20 +62,13 @@ def ab(
                                  "the schedule, run nothing."),
     out_dir: Path = typer.Option(DEFAULT_OUT, "--out", rich_help_panel="Output", help="Results root; files go to "
                                  "OUT/<device>/."),
-    markdown: bool = typer.Option(False, "--markdown", rich_help_panel="Output", help="Print only the markdown block "
-                                  "for the PR description (pipe tables; with --dry-run, the plan as one), no terminal "
-                                  "tables."),
-    fmt: str = TABLE_FORMAT_OPT,
+    markdown: bool = typer.Option(False, "--markdown", rich_help_panel="Output", help="With --dry-run: the plan as a "
+                                  "markdown pipe table (a run always prints its PR-ready markdown block)."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
     separation, pooled sd, effect in noise units, per-step projection, and a PR-ready markdown block."""
-    from moebench.analysis.ab import check_ab, check_arm_environments, parse_setting
-    from moebench.core.cases import expand
-    from moebench.core.spec import load_spec
-
-    md_only = wants_markdown(markdown, fmt)
     use_sources(plugin, megatron_lm, interpret=None if dry_run else False)
     sp = load_spec(spec)
     if sp.family.host_only:
@@ -94,60 +79,34 @@ def ab(
     pairs, notes = ab_pairs(sp, expand(sp, quick=quick), offs, ons)
     for n in notes:
         err.print(n, style="yellow")
-    order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
-    if dry_run and md_only:
-        print_markdown(f"**{sp.name} A/B: {len(pairs)} cases x {arms} arms ({order}) x {iters} iterations**\n\n"
-                       + md_table(["case", "OFF case id", "ON case id"], [[p.text, p.off.id, p.on.id] for p in pairs])
-                       + f"\n\nOFF: {settings_text(offs)}; ON: {settings_text(ons)}")
-        return
     if dry_run:
-        print_ab_plan(sp, pairs, offs, ons, arms=arms, iters=iters)
+        print_ab_plan(sp, pairs, offs, ons, arms=arms, iters=iters, markdown=markdown)
         return
     device = ab_device()
     check_arm_environments(sp, pairs, offs, ons, device, os.environ)  # each arm's, once, before any arm runs
     stem = f"{sp.name}-ab" + ("-quick" if quick else "")
     dest, md = run_ab(sp, device, pairs, offs, ons, arms=arms, iters=iters, quick=quick, out_dir=out_dir, stem=stem)
-    print_ab_results(sp, pairs, md, dest, stem, md_only)
+    print_ab_results(pairs, md, dest, stem)
 
 
-def print_ab_plan(sp, pairs: list[ABPair], offs, ons, *, arms: int, iters: int) -> None:
-    from moebench.analysis.ab import arm_order
-
+def print_ab_plan(sp, pairs: list[ABPair], offs, ons, *, arms: int, iters: int, markdown: bool = False) -> None:
     layers = sp.model.get("moe_layers")
-    t = Table(title=f"{sp.name} A/B: {len(pairs)} cases x {arms} arms ({arm_order(arms)}) x {iters} iterations",
-              title_justify="left")
-    for c in ("case", "OFF case id", "ON case id"):
-        t.add_column(c)
-    for p in pairs:
-        t.add_row(p.text, p.off.id, p.on.id)
-    out.print(t)
-    out.print(f"OFF: {settings_text(offs)}; ON: {settings_text(ons)}; per-step projection: "
-              + (f"x {layers} MoE layers ({sp.model_name})" if layers else "none (no moe_layers in the model)"))
+    print_rows(f"{sp.name} A/B: {len(pairs)} cases x {arms} arms ({arm_order(arms)}) x {iters} iterations",
+               ["case", "OFF case id", "ON case id"], [[p.text, p.off.id, p.on.id] for p in pairs], markdown,
+               left=("case", "OFF case id", "ON case id"))
+    print_markdown(f"OFF: {settings_text(offs)}; ON: {settings_text(ons)}; per-step projection: "
+                   + (f"x {layers} MoE layers ({sp.model_name})" if layers else "none (no moe_layers in the model)"))
 
 
 def ab_device():
-    """The CUDA device an A/B times on; exit 3 without one."""
-    from moebench.core.device import detect, require_triton, want_interpreter
-
-    if want_interpreter(False):
-        raise BackendError("ab needs timings and no CUDA device is visible (the interpreter on the CPU checks "
-                           "correctness only); run it on a GPU machine, or pass --dry-run for the plan")
-    require_triton()
-    return detect(False)
+    """The CUDA device an A/B times on (BackendError without one)."""
+    return cuda_device("ab", "run it on a GPU machine, or pass --dry-run for the plan")
 
 
 def run_ab(sp, device, pairs: list[ABPair], offs, ons, *, arms: int, iters: int, quick: bool, out_dir: Path,
            stem: str) -> tuple[Path, str]:
     """Run the arms under the output's lock and write the results JSON and the page; returns the
     folder written to and the page."""
-    from moebench.analysis import results_json_layout
-    from moebench.analysis.ab import ab_document
-    from moebench.core.driver import Driver
-    from moebench.core.pipeline import Options
-    from moebench.core.provenance import provenance
-    from moebench.core.store import OutputLock, atomic_write_text, writable_dir
-    from moebench.report.ab import ab_page
-
     dest = writable_dir(out_dir / device.slug, "--out")
 
     def make_runner(environ):  # one driver per arm, with that arm's environment
@@ -172,44 +131,15 @@ def run_ab(sp, device, pairs: list[ABPair], offs, ons, *, arms: int, iters: int,
     return dest, md
 
 
-def print_ab_results(sp, pairs: list[ABPair], md: str, dest: Path, stem: str, md_only: bool = False) -> None:
-    """The A/B table, the argument per case, the page for the PR; exit 1 when a case failed."""
-    layers = sp.model.get("moe_layers")
-
-    def per_launch(p: ABPair) -> int:
-        return launch_layers(sp.family, p.off.params)
-
-    if md_only:
-        print_markdown(md)
-    else:
-        _print_ab(pairs, layers, per_launch, md)
+def print_ab_results(pairs: list[ABPair], md: str, dest: Path, stem: str) -> None:
+    """The page for the PR (the A/B table and the argument per case); exit 1 when a case failed."""
+    print_markdown(md)
     out.print(f"Wrote {dest / stem}.json, {dest / stem}.md")
     failed = [p for p in pairs if p.errors]
     for p in failed:
         err.print(Text.assemble(("failed", "red"), f" {p.text}: {p.errors[0]}"
                                 + (f" (+{len(p.errors) - 1} more)" if len(p.errors) > 1 else "")))
     raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
-
-
-def _print_ab(pairs: list[ABPair], layers: int | None, per_launch, md: str) -> None:
-    """ab's terminal output: the table, a sentence per case, then the markdown block."""
-    out.print(_ab_table(pairs, layers, per_launch))
-    for p in pairs:
-        if p.stats is not None:
-            pr = per_step(p.stats.off_mean, p.stats.on_mean, layers, per_launch(p))
-            out.print(Text.assemble((p.text, "bold"), f": {separation_text(p.stats)}. {noise_text(p.stats)} "
-                                    f"{projection_text(pr)}"), highlight=False)
-    out.print("\n--- markdown for the PR description ---", style="dim")
-    out.print(md, highlight=False, soft_wrap=True)
-
-
-NOISE_OPT = typer.Option("auto", "--noise", help="The device noise model whose run-to-run terms widen the judged "
-                         "ones (max of the two; scripts/repro.py calibrate): auto (default) finds "
-                         "results/<device>/noise/<sweep>.json of the repository for the runs' device and sweep, none "
-                         "keeps each file's own, or a model file (refused when measured on another device or for "
-                         "another sweep).")
-FOREIGN_OPT = typer.Option(False, "--allow-foreign-model", help="Use a noise model measured on another device or for "
-                           "another sweep (said on stderr).")
 
 
 @app.command(short_help="Per case SAME / FASTER / SLOWER / NOISY / UNCLEAR; a CI gate.")
@@ -234,7 +164,6 @@ def compare(
     noise: str = NOISE_OPT,
     allow_foreign_model: bool = FOREIGN_OPT,
     markdown: bool = MARKDOWN_OPT,
-    fmt: str = TABLE_FORMAT_OPT,
 ):
     """Per case (matched by case_id): SAME / FASTER / SLOWER / NOISY / UNCLEAR (--markdown: a pipe table).
 
@@ -250,23 +179,16 @@ def compare(
     switches; a stream's are read from its header) stop with exit 2 unless --allow-device /
     --allow-settings; the gate fails on UNCLEAR unless --allow-unclear, and passes NOISY cases
     naming them (--strict-noise fails them). Confirm a SLOWER with `moebench ab`."""
-    from moebench.analysis.compare import compare_files
-    from moebench.report.sweep import compare_markdown
-
     if not (0 < threshold < 1000):
         raise UsageError(f"--threshold: expected a percentage > 0, got {threshold:g}")
-    wants_markdown(markdown, fmt)
     rep, notes = compare_files(base, new, threshold=threshold / 100, metric=metric, cycles=cycles, noise=noise,
                                allow_settings=allow_settings, allow_device=allow_device,
                                allow_foreign_model=allow_foreign_model)
     for n in notes + rep.notes:
         err.print(n, style="yellow", highlight=False, soft_wrap=True)
-    vary = rep.vary
-    t = _compare_table(rep, f"{base.name} → {new.name}: {metric}" + (" in cycles" if cycles else ""))
-    if rep.rows and wants_markdown(markdown, fmt):
-        print_markdown(compare_markdown(rep.rows, vary, f"{base.name} → {new.name}: {metric}"))
-    elif rep.rows:
-        out.print(t)
+    if rep.rows:
+        print_rows(f"{base.name} → {new.name}: {metric}" + (" in cycles" if cycles else ""), *_compare_rows(rep),
+                   markdown, left=("case", "variant", *rep.vary, "verdict", "note"))
     print_compare_notes(rep, threshold, metric)
     out.print(rep.summary(), style="bold", highlight=False)
     if not rep.rows:
@@ -293,7 +215,7 @@ def print_compare_notes(rep, threshold: float, metric: str) -> None:
     for name, recs in (("BASE", rep.only_base), ("NEW", rep.only_new)):
         if recs:
             out.print(f"Only in {name} ({len(recs)}): " + "; ".join(
-                f"{r.case_id} {r.label} {_params(r.params, vary)}" for r in recs[:20])
+                f"{r.case_id} {r.label} {params_text(r.params, vary)}" for r in recs[:20])
                 + (f"; ... {len(recs) - 20} more" if len(recs) > 20 else ""), highlight=False)
     out.print(f"Noise model: BASE {rep.noise_models['BASE']}; NEW {rep.noise_models['NEW']}.", style="dim",
               highlight=False)
@@ -315,7 +237,6 @@ def recommend(
                                           "256=0.7,16384=0.3 (needs a single --over); with --emit, the workload mix."),
     metric: str = typer.Option("median_us", "--metric", help="Time column (lower is better)."),
     markdown: bool = MARKDOWN_OPT,
-    fmt: str = TABLE_FORMAT_OPT,
     emit: Optional[str] = typer.Option(None, "--emit", help="env or json: the kill-switch values a runtime reads "
                                        "(MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) for the mix, a value "
                                        "only where it beats the shipped default with separated intervals, else the "
@@ -333,10 +254,6 @@ def recommend(
     """The robust configuration: worst-case regret (time / per-shape best - 1) of each configuration
     across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too.
     With --emit: the launch values a runtime reads, for the mix (--weights, default all shapes alike)."""
-    from moebench.analysis.recommend import explain, recommend_keys, regret_table
-    from moebench.analysis.pages import builtin_family
-
-    md = wants_markdown(markdown, fmt)
     prov, records = read_results(results)
     fam = builtin_family(records[0].family)  # a reader never imports a plugin
     if emit is not None or check or output is not None or variant is not None:
@@ -346,32 +263,15 @@ def recommend(
     name = prov.get("sweep") or Path(results).stem
     dev = (prov.get("device") or {}).get("name")
     for rec in recs:
-        title = printable(f"{name}: regret of {metric} across {', '.join(ov)}"
-                          + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "")
-                          + (f" on {dev}" if dev else ""))
+        title = (f"{name}: regret of {metric} across {', '.join(ov)}"
+                 + (f" ({', '.join(f'{k}={v}' for k, v in zip(grp, rec.group))})" if grp else "") + (f" on {dev}" if dev else ""))
         head, rows = _regret_rows(rec)
-        if md:
-            print_markdown(f"**{title}**\n\n" + md_table(head, rows) + "\n")
-            print_markdown("\n".join(f"- {printable(line)}" for line in explain(rec)))
-        else:
-            t = Table(title=title, title_justify="left")
-            for i, h in enumerate(head):
-                t.add_column(h, justify="left" if i == 0 or h == "choice" else "right")
-            for row in rows:
-                t.add_row(*row)
-            out.print(t)
-            for line in explain(rec):
-                out.print(printable(line), highlight=False)
-        out.print("")
+        print_rows(title, head, rows, markdown, left=(head[0], "choice"))
+        print_markdown("\n".join(("- " if markdown else "") + printable(line) for line in explain(rec)) + "\n")
 
 
 def _emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric, force) -> int:
     """recommend --emit: decide, optionally --check on this GPU, write or print the file."""
-    import json
-
-    from moebench.analysis.comparable import file_noise
-    from moebench.analysis.recommend import decide, emit_document, env_text
-
     if emit not in ("env", "json"):
         raise UsageError(f"--emit: expected env or json, got {emit!r}" if emit else
                          "--output, --variant and --check go with --emit env|json")
@@ -399,16 +299,11 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
 def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
     """--check: each emitted switch's readers, run here without and with the emitted environment.
     The environment is a mapping handed to the run, never os.environ."""
-    from moebench.analysis.comparable import differences
-    from moebench.analysis.recommend import check_cases, judge_check
-    from moebench.core.provenance import run_settings
-    from moebench.core.spec import PACKAGE_ROOT, load_spec
-
     emitted = [d for d in decisions if d.emit]
     if not emitted:
         return [{"variable": d.switch.var, "value": d.value, "variant": "", "verdict": "nothing to check",
                  "text": "the default is kept: no emitted value to confirm"} for d in decisions]
-    device = _check_device()
+    device = cuda_device("--check: cannot check here", "run it on the GPU the results came from")
     # a spec a results file names is never loaded (loading runs its plugins): moebench's own sweep of
     # that name only
     name = prov.get("sweep")
@@ -433,26 +328,9 @@ def _check_emitted(results, prov, records, fam, decisions) -> list[dict]:
     return out_rows
 
 
-def _check_device():
-    from moebench.core.device import detect, require_triton, want_interpreter
-
-    try:
-        interp = want_interpreter(False)
-    except ImportError as e:
-        raise BackendError(f"--check: cannot check here: {e.name or 'torch'} is not importable") from None
-    if interp:
-        raise BackendError("--check: cannot check here: no CUDA device (the interpreter on the CPU checks "
-                           "correctness only, and the check needs timings); run it on the GPU the results came from")
-    require_triton()
-    return detect(False)
-
-
 def run_cases(spec, cases, device, environ) -> list:
     """The one place `recommend --check` runs kernels: `cases` timed under `environ` (the kill
     switches the variants read), records in case order, through the run driver."""
-    from moebench.core.driver import Summary, run_sweep
-    from moebench.core.pipeline import Options
-
     summary = None
     for ev in run_sweep(spec, cases, Options(timing=spec.timing, time_it=True), device, environ=environ):
         if isinstance(ev, Summary):
@@ -507,35 +385,30 @@ def plot(
 # ============================================================================ helpers
 
 
-def _compare_table(rep, title: str) -> Table:
+def _compare_rows(rep) -> tuple[list[str], list[list]]:
     """compare's per-case table: the compared values (µs, cycles with --cycles, or the metric), the
     change, the combined noise, the verdict, and both in cycles where the records carry a clock."""
     vary, cycles, metric = rep.vary, rep.cycles, rep.metric
     unit = "cycles" if cycles else ("µs" if metric.endswith("_us") else metric)
     show_cyc = not cycles and any(r.base_cycles is not None or r.new_cycles is not None for r in rep.rows)
-    t = Table(title=title, title_justify="left")
-    for c in (["case", "variant"] + vary + [f"BASE {unit}", f"NEW {unit}", "Δ %", "noise ±%", "verdict"]
-              + (["cycles BASE / NEW"] if show_cyc else []) + ["note"]):
-        t.add_column(c, justify="right" if c.endswith(("µs", "%", "cycles", "NEW", metric)) else "left")
+    head = (["case", "variant"] + vary + [f"BASE {unit}", f"NEW {unit}", "Δ %", "noise ±%", "verdict"]
+            + (["cycles BASE / NEW"] if show_cyc else []) + ["note"])
     colour = {"SAME": "", "FASTER": "green", "SLOWER": "red", "NOISY": "magenta", "UNCLEAR": "yellow"}
     fmt = ".0f" if cycles else ".3f"
+    rows = []
     for r in rep.rows:
         cyc = [f"{num(r.base_cycles, '.0f')} / {num(r.new_cycles, '.0f')}"] if show_cyc else []
-        t.add_row(r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, fmt), num(r.new_us, fmt),
-                  f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
-                  f"{100 * r.noise:.2f}" if r.noise is not None else "—", Text(r.verdict, colour.get(r.verdict, "")),
-                  *cyc, r.note)
-    return t
+        rows.append([r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, fmt),
+                     num(r.new_us, fmt), f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
+                     f"{100 * r.noise:.2f}" if r.noise is not None else "—",
+                     Text(r.verdict, colour.get(r.verdict, "")), *cyc, r.note])
+    return head, rows
 
 
 def _csv(text: str | None) -> list[str] | None:
     if not text:
         return None
     return [s.strip() for s in text.split(",") if s.strip()] or None
-
-
-def _params(params: dict, keys: list[str]) -> str:
-    return ", ".join(f"{k}={params.get(k)}" for k in keys) if keys else ""
 
 
 def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
@@ -568,7 +441,7 @@ def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
             mark.append("weighted")
         cells.append(", ".join(mark))
         rows.append(cells)
-    return [printable(h) for h in head], [[printable(c) for c in row] for row in rows]  # text from a results file
+    return head, rows  # text from a results file: print_rows makes it printable
 
 
 @app.command(short_help="Seed kernels beside their upstream twins, across results files.")

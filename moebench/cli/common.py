@@ -25,11 +25,12 @@ from rich.text import Text
 from moebench import startup
 from moebench.analysis import metric_of
 from moebench.core import interpret as interpreter
+from moebench.core import device as devices
 from moebench.core.device import detect, require_triton, want_interpreter
-from moebench.core.store import check_formats
 from moebench.core.stats import median
-from moebench.core.text import ordered
+from moebench.core.text import md_table, ordered, printable
 from moebench.errors import BackendError, UsageError
+from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, STATUS_MARK, page_metric, pivot_rows, pivots
 from moebench.sources import plugins, upstream
 
 out = Console(markup=False, emoji=False)
@@ -64,10 +65,6 @@ def fit_consoles() -> None:
         c.width = PIPE_WIDTH if not c.is_terminal else None  # type: ignore[assignment]
 
 
-# --format's values: known, non-empty, and each format's library importable, checked before anything runs
-parse_formats = check_formats
-
-
 def backend(interpret: bool) -> bool:
     """Set up the backend a run's kernels need and say whether it is the interpreter (--interpret,
     TRITON_INTERPRET=1, or no CUDA device): torch and triton imported, and under the interpreter
@@ -92,6 +89,21 @@ def select_backend(interpret: bool):
         return detect(use_interp)
 
 
+def cuda_device(what: str, then: str):
+    """The CUDA device that `what` times on; a BackendError saying what to do (`then`) without one."""
+    try:
+        interp = devices.want_interpreter(False)
+    except ImportError as e:
+        raise BackendError(f"{what}: {e.name or 'torch'} is not importable here; `make install` sets up .venv with "
+                           "it") from None
+    if interp:
+        raise BackendError(f"{what}: no CUDA device is visible (the Triton interpreter on the CPU checks correctness "
+                           f"only, and this needs timings); {then}")
+    devices.require_triton()
+    with startup.phase("device (CUDA init, properties, NVML)"):
+        return devices.detect(False)
+
+
 class Signalled(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so a run stops between cases and keeps what it finished."""
 
@@ -105,9 +117,8 @@ def second_interrupt(signum, _frame) -> None:
     finished record is already in the stream (fsynced) and result files are only ever renamed
     into place whole, so nothing is lost; unwinding again would only print tracebacks from the
     middle of the shutdown (torch's atexit hooks)."""
-    os.write(2, b"interrupted again: stopping now; completed records are in the .partial.jsonl stream "
-                b"(rerun with --resume)\n")
-    os._exit(128 + signum)
+    startup.exit_now(signum, "interrupted again: stopping now; completed records are in the .partial.jsonl stream "
+                             "(rerun with --resume)")
 
 
 def _importing(frame) -> bool:
@@ -171,22 +182,11 @@ def in_run() -> Iterator[None]:
         STATE["in_run"] = was
 
 
-def render_table(title: str, t, metric: str, corner: str) -> Table:
-    """A pivot (rows x columns of one metric) as a rich table; failed cells in red."""
-    from moebench.report.sweep import fmt
-
-    tab = Table(title=title or None, title_justify="left")
-    tab.add_column(corner, style="bold")
-    for c in t.columns:
-        tab.add_column(str(c), justify="right")
-    for key, row in t.iterrows():
-        key = key if isinstance(key, tuple) else (key,)
-        cells = []
-        for v in row:
-            s = fmt(v, metric)
-            cells.append(Text(s, style="red") if s.startswith("✗") else s)
-        tab.add_row(" ".join(str(k) for k in key), *cells)
-    return tab
+def print_pivot(title: str, t, metric: str, corner: str, markdown: bool = False) -> None:
+    """A pivot (rows x columns of one metric) as a table (print_rows); failed cells in red."""
+    head, rows = pivot_rows(t, metric, corner)
+    print_rows(title, head, [[Text(c, "red") if c.startswith("✗") else c for c in r] for r in rows], markdown,
+               left=(corner,))
 
 
 # More pivot tables than this print as one summary; the results page holds them all (combine-lds
@@ -196,29 +196,24 @@ MAX_CONSOLE_TABLES = 4
 
 def print_pivots(spec, records, metric: str | None = None, page: Path | None = None) -> None:
     """The spec's pivots as terminal tables; past MAX_CONSOLE_TABLES, a summary that points to the page."""
-    from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, pivots
-
     pv = spec.pivot
-    metric = metric or pv.get("metric", "median_us")
+    metric = metric or page_metric(spec, records)
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
     tables = pivots(records, rows, cols, metric, list(spec.family.params))
     if len(tables) <= MAX_CONSOLE_TABLES:
         for title, t in tables:
-            out.print(render_table(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric,
-                                   f"{rows} \\ {cols}"))
+            print_pivot(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric, f"{rows} \\ {cols}")
         if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
             out.print(NOT_TAKEN_NOTE, style="dim")
         return
     out.print(f"{spec.name}: {metric} of {len(records)} cases in {len(tables)} tables, summed up here"
               + (f"; every table is in {page}" if page else ""))
-    out.print(summary_table(records, metric))
+    print_rows("", *summary_rows(records, metric), False, left=("variant",))
 
 
-def summary_table(records, metric: str) -> Table:
+def summary_rows(records, metric: str) -> tuple[list[str], list[list[str]]]:
     """One row per variant label: how often each value of a categorical metric occurs (a path, a
     check verdict), or the least, median and largest value of a numeric one."""
-    from moebench.report.sweep import STATUS_MARK
-
     def value(r):
         if r.status != "ok":
             return STATUS_MARK.get(r.status, r.status)
@@ -230,24 +225,20 @@ def summary_table(records, metric: str) -> Table:
     labels = ordered(r.label for r in records)
     numeric = all(metric_of(r, metric) is not None for r in records if r.status == "ok") and any(
         r.status == "ok" for r in records)
-    tab = Table()
-    tab.add_column("variant", style="bold")
     if numeric:
-        for c in ("cases", "min", "median", "max", "failed"):
-            tab.add_column(c, justify="right")
+        rows = []
         for lab in labels:
             mine = [r for r in records if r.label == lab]
             vals = [metric_of(r, metric) for r in mine if r.status == "ok"]
-            tab.add_row(str(lab), str(len(mine)), *(f"{f(vals):.4g}" if vals else "—" for f in (min, median, max)),
-                        str(sum(r.status != "ok" for r in mine)))
-        return tab
+            rows.append([str(lab), str(len(mine)), *(f"{f(vals):.4g}" if vals else "—" for f in (min, median, max)),
+                         str(sum(r.status != "ok" for r in mine))])
+        return ["variant", "cases", "min", "median", "max", "failed"], rows
     kinds = ordered(str(value(r)) for r in records)
-    for k in kinds:
-        tab.add_column(k, justify="right")
+    rows = []
     for lab in labels:
         mine = [str(value(r)) for r in records if r.label == lab]
-        tab.add_row(str(lab), *(str(mine.count(k)) for k in kinds))
-    return tab
+        rows.append([str(lab), *(str(mine.count(k)) for k in kinds)])
+    return ["variant", *kinds], rows
 
 
 class Bar:
@@ -278,26 +269,20 @@ class Bar:
 
     def note(self, item: str) -> None:
         self.item = item
-        if self._rich is not None:
-            self._rich.update(self._task, item=item)
-        else:
-            self._line()
+        self._show()
 
     def describe(self, description: str) -> None:
         self.description = description
-        if self._rich is not None:
-            self._rich.update(self._task, description=description)
-        else:
-            self._line(force=True)
+        self._show(force=True)
 
     def advance(self) -> None:
         self.done += 1
-        if self._rich is not None:
-            self._rich.advance(self._task)
-        else:
-            self._line(force=self.done == self.total)
+        self._show(force=self.done == self.total)
 
-    def _line(self, force: bool = False) -> None:
+    def _show(self, force: bool = False) -> None:
+        if self._rich is not None:
+            self._rich.update(self._task, description=self.description, item=self.item, completed=self.done)
+            return
         now = self._clock()
         if not force and now - self._last < self.every:
             return
@@ -333,24 +318,39 @@ def print_failures(records, vary=()) -> None:
 
 # Options of the commands that print tables (show, compare, recommend, ab): markdown to paste into a PR.
 MARKDOWN_OPT = typer.Option(False, "--markdown", rich_help_panel="Output", help="Print the tables as markdown pipe "
-                            "tables, ready to paste into a pull request, instead of terminal tables (the same as "
-                            "--format md).")
-TABLE_FORMAT_OPT = typer.Option("table", "--format", rich_help_panel="Output", help="table (terminal tables) or md "
-                                "(markdown pipe tables, as --markdown).")
+                            "tables, ready to paste into a pull request, instead of terminal tables.")
 
 
-def wants_markdown(markdown: bool, fmt: str) -> bool:
-    """--markdown, or --format md; any other --format than table / md is a usage error."""
-    f = (fmt or "").strip().lower()
-    if f not in ("table", "md", "markdown"):
-        raise UsageError(f"--format: expected table or md, got {fmt!r}")
-    return markdown or f != "table"
+# Options of the commands that judge stated intervals (compare, history check).
+NOISE_OPT = typer.Option("auto", "--noise", help="The device noise model (scripts/repro.py calibrate) whose run-to-run "
+                         "terms widen the stated ones (max of the two), as the timer states them: auto (default) finds "
+                         "results/<device>/noise/<sweep>.json of the repository for the runs' device and sweep, none "
+                         "keeps each file's own, or a model file (refused when measured on another device or for "
+                         "another sweep).")
+FOREIGN_OPT = typer.Option(False, "--allow-foreign-model", help="Use a --noise model measured on another device or "
+                           "for another sweep (said on stderr).")
 
 
 def print_markdown(text: str) -> None:
     """Markdown on stdout as written: never wrapped (a wrapped row is no longer a table row), no
     highlighting."""
     out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_rows(title: str, head: list[str], rows: list[list], markdown: bool, *, left=()) -> None:
+    """A table on stdout: a markdown pipe table under its title in bold (`markdown`), else a terminal
+    table with the columns named in `left` aligned left, the others right. Text cells are made
+    printable (they come from results files); a rich Text cell keeps its colour on the terminal."""
+    title = printable(title)
+    if markdown:
+        print_markdown(f"**{title}**\n\n" + md_table(head, [[str(c) for c in r] for r in rows]) + "\n")
+        return
+    t = Table(title=title, title_justify="left")
+    for h in head:
+        t.add_column(printable(h), justify="left" if h in left else "right")
+    for r in rows:
+        t.add_row(*[c if isinstance(c, Text) else printable(c) for c in r])
+    out.print(t)
 
 
 # Options shared by the commands that run or list kernels.

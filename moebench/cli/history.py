@@ -7,15 +7,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from moebench.analysis import REF_PREFIX, read_results
-from moebench.analysis.history import (add_results, case_text, check as run_check, open_db, order_notes, restate_with,
-                                       series, varying_params)
-from moebench.cli.common import DEFAULT_OUT, err, out
-from moebench.core.text import md_table, printable
-from moebench.errors import ExitCode, UsageError
+from moebench.analysis.history import (WINDOW, add_results, case_text, check as run_check, open_db, order_notes,
+                                       restate_with, series, varying_params)
+from moebench.cli.common import DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, NOISE_OPT, err, out, print_rows
+from moebench.errors import UsageError
 
 app = typer.Typer(no_args_is_help=True,
                   help="A results history in one SQLite file (DB), and change points across it.")
@@ -60,7 +58,7 @@ def show(
                                          "cases stored."),
     db: Path = DB_OPT,
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's cases."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
+    markdown: bool = MARKDOWN_OPT,
 ):
     """One row per run of the case, in run order: commit, device, driver, median, the stated
     interval and the timing method. Without CASE: the cases with their number of runs."""
@@ -76,7 +74,7 @@ def show(
                  str(sum(p.median_us is not None for p in s.points)),
                  next((f"{p.median_us:.4g}" for p in reversed(s.points) if p.median_us is not None), "—")]
                 for s in found]
-        _print(f"{db}: {len(found)} cases", head, rows, markdown)
+        print_rows(f"{db}: {len(found)} cases", head, rows, markdown, left=("sweep", "case", "params"))
         return
     s = found[0]
     head = ["#", "timestamp", "commit", "device", "driver", "µs", "± %", "interval µs", "status", "method"]
@@ -89,7 +87,8 @@ def show(
                      f"{100 * p.rel_noise:.2f}" if p.rel_noise is not None else "—",
                      f"{iv[0]:.4g} – {iv[1]:.4g}" if iv else "—", p.status,
                      " / ".join(str(v) for v in (m.get("timer"), m.get("estimator")) if v) or "—"])
-    _print(f"{s.sweep} {s.case_id} {case_text(s)}: {len(s.points)} runs", head, rows, markdown)
+    print_rows(f"{s.sweep} {s.case_id} {case_text(s)}: {len(s.points)} runs", head, rows, markdown,
+               left=("timestamp", "commit", "device", "driver", "status", "method"))
 
 
 @app.command(short_help="Change points per case (E-divisive means); exit 1 on a real regression.")
@@ -99,16 +98,11 @@ def check(
     sig: float = typer.Option(0.05, "--sig", help="Significance level of the permutation test."),
     permutations: int = typer.Option(199, "--permutations", help="Permutations per test."),
     min_step: float = typer.Option(1.0, "--min-step", help="A smaller step (percent) is labelled noise."),
-    window: int = typer.Option(100, "--window", help="Search each case's last N timed runs (4 to 1000): memory per "
+    window: int = typer.Option(WINDOW, "--window", help="Search each case's last N timed runs (4 to 1000): memory per "
                                "series grows with N², about 100 bytes x N², whatever the history's length."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown pipe table instead."),
-    noise: str = typer.Option("auto", "--noise", help="The device noise model each run's interval is re-stated "
-                              "with, as the timer states it (scripts/repro.py calibrate): auto (default) finds "
-                              "results/<device>/noise/<sweep>.json for the runs' device, none keeps the stated "
-                              "intervals, or a model file (refused when measured on another device or for another "
-                              "sweep)."),
-    allow_foreign_model: bool = typer.Option(False, "--allow-foreign-model", help="Use a --noise model measured on "
-                                             "another device or for another sweep (said)."),
+    markdown: bool = MARKDOWN_OPT,
+    noise: str = NOISE_OPT,
+    allow_foreign_model: bool = FOREIGN_OPT,
 ):
     """E-divisive means (Matteson & James 2014, as in MongoDB's CI) on each case's medians in run
     order (UTC instants; where commit ancestry in this git repository disagrees, it is said), over
@@ -131,9 +125,9 @@ def check(
     head = ["case", "params", "at run", "commit", "before µs", "after µs", "step %", "p", "label", "why"]
     rows = [[c.series.case_id, case_text(c.series, keys), str(c.index + 1), (c.at.commit or "—")[:10],
              f"{c.before_us:.4g}", f"{c.after_us:.4g}", f"{100 * c.step:+.2f}", f"{c.p:.3f}",
-             c.label + (f" ({c.direction})" if c.label == "real" else ""), c.why] for c in rep.changes]
+             Text(c.label + (f" ({c.direction})" if c.label == "real" else ""), _colour(c)), c.why] for c in rep.changes]
     if rows:
-        _print(f"{db}: change points", head, rows, markdown, colour=[_colour(c) for c in rep.changes])
+        print_rows(f"{db}: change points", head, rows, markdown, left=("case", "params", "commit", "label", "why"))
     out.print(f"{rep.checked} series checked ({rep.short} with fewer than 4 timed runs skipped); "
               f"{len(rep.changes)} change point(s), {sum(c.label == 'real' for c in rep.changes)} real, "
               f"{len(rep.regressions)} real regression(s)", style="bold", highlight=False)
@@ -147,17 +141,3 @@ def check(
 
 def _colour(c) -> str:
     return {"real": "red" if c.direction == "regression" else "green", "noise": "dim"}.get(c.label, "yellow")
-
-
-def _print(title: str, head: list[str], rows: list[list[str]], markdown: bool, colour: list[str] | None = None) -> None:
-    if markdown:
-        out.print(md_table(head, rows), markup=False, highlight=False, soft_wrap=True)
-        return
-    t = Table(title=printable(title), title_justify="left")
-    for h in head:
-        t.add_column(h, justify="right" if h.endswith(("µs", "%", "#")) or h in ("runs", "timed", "p", "at run")
-                     else "left")
-    for i, r in enumerate(rows):
-        r = [printable(c) for c in r]  # text read from results files: no escape sequence reaches the terminal
-        t.add_row(*[Text(c, colour[i]) if colour and h == "label" else c for h, c in zip(head, r)])
-    out.print(t)

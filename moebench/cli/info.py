@@ -14,8 +14,8 @@ from rich.table import Table
 from moebench.analysis.compare import add_cycles
 from moebench.analysis.pages import page_spec
 from moebench.analysis.reference import load_reference, reference_names
-from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, TABLE_FORMAT_OPT, err, out,
-                                 listing_console, print_markdown, render_table, select_backend, use_sources, wants_markdown)
+from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, cuda_device, err, listing_console,
+                                 out, print_markdown, print_pivot, use_sources)
 from moebench.core.cases import expand
 from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
 from moebench.core.family import broken, catalogue, family_error
@@ -23,8 +23,9 @@ from moebench.core.records import load_results
 from moebench.core.spec import builtin_models, builtin_sweeps, load_spec
 from moebench.core.store import atomic_write_text, page_problem, page_text, writable_dir
 from moebench.core.text import printable
-from moebench.errors import BackendError, Unavailable, UsageError
-from moebench.report.catalogue import default_text, family_doc
+from moebench.errors import Unavailable, UsageError
+from moebench.report.catalogue import default_text, family_doc, variant_rows
+from moebench.report.sweep import frame, pivots, sweep_markdown
 from moebench.sources import upstream
 
 app = typer.Typer()
@@ -74,11 +75,7 @@ def list_(
     for fam in catalogue().values():
         lines += _wrap(fam.name + ("" if fam.origin == "builtin" else f" ({fam.origin})"), con.width, "", "    ")
         lines += _wrap(fam.doc + (" (host-only)" if fam.host_only else ""), con.width, "    ", "    ")
-        for v in fam.variants.values():
-            env = "".join(f"; {k} from ${var}" for k, (var, _) in v.env.items())
-            lines += _wrap(f"{v.name} ({v.source}; launch params: {', '.join(v.params) or 'none'}{env})", con.width,
-                           "  ")
-            lines += _wrap(v.doc, con.width, "      ")
+        lines += [x for v in variant_rows(fam) for x in _variant_lines(v, con.width)]
     con.print("\n".join(lines), highlight=False)  # rich wraps the lines left longer than the console
     for name, why in broken().items():  # a family or installed plugin that failed: listed, not used, one line
         con.print(f"{name}: BROKEN: {why}", highlight=False, soft_wrap=True)
@@ -132,14 +129,16 @@ def print_family(con, doc: dict) -> None:
             lines += _wrap(f"{r['name']} (variants: {', '.join(r['variants'])}): {r['help']}", width, "  ")
     if doc["rules"]:
         lines += ["", "Rules:"] + [x for r in doc["rules"] for x in _wrap(f"{r['rule']}: {r['why']}", width, "  ")]
-    lines += ["", "Variants:"]
-    for v in doc["variants"]:
-        switches = "".join(f"; {k} from ${s['variable']}, shipped default {s['shipped_default']}"
-                           for k, s in v["kill_switches"].items())
-        lines += _wrap(f"{v['name']} ({v['source']}): launch params {', '.join(v['params']) or 'none'}{switches}",
-                       width, "  ")
-        lines += _wrap(v["doc"], width, "      ")
+    lines += ["", "Variants:"] + [x for v in doc["variants"] for x in _variant_lines(v, width)]
     con.print("\n".join(lines), highlight=False)  # rich wraps the lines left longer than the console
+
+
+def _variant_lines(v: dict, width: int) -> list[str]:
+    """A variant (catalogue.variant_rows) for `list`: its source, launch parameters and kill switches, then its doc."""
+    switches = "".join(f"; {k} from ${s['variable']}, shipped default {s['shipped_default']}"
+                       for k, s in v["kill_switches"].items())
+    return (_wrap(f"{v['name']} ({v['source']}; launch params: {', '.join(v['params']) or 'none'}{switches})", width, "  ")
+            + _wrap(v["doc"], width, "      "))
 
 
 def _wrap(text: str, width: int, first: str, rest: str = "      ") -> list[str]:
@@ -160,13 +159,9 @@ def show(
                                          "median_us; ref_check for a file without timings)."),
     reference: Optional[str] = REFERENCE_OPT,
     markdown: bool = MARKDOWN_OPT,
-    fmt: str = TABLE_FORMAT_OPT,
 ):
     """Print any results file as a PR-style pivot (--markdown: as pipe tables to paste), by default
     the one its page uses (the spec's pivot, recorded in the file)."""
-    from moebench.report.sweep import frame, markdown_table, pivots  # pandas: only for the commands that pivot
-
-    md = wants_markdown(markdown, fmt)
     prov, records = load_results(results)
     if not records:
         raise UsageError(f"{results}: no records")
@@ -191,12 +186,8 @@ def show(
     if reference:
         ref, tables = _beside_reference(results, records, reference, rows, cols, metric)
     for kind, title, t in tables:
-        head = printable(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""))
-        shown, corner = "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}"
-        if md:
-            print_markdown(f"**{head}**\n\n" + markdown_table(t, shown, corner) + "\n")
-        else:
-            out.print(render_table(head, t, shown, corner))
+        print_pivot(f"{prov.get('sweep', results.stem)}: {metric}" + (f" ({title})" if title else ""), t,
+                    "x_ratio" if kind == "ratio" else metric, f"{rows} \\ {cols}", markdown)
     if ref is not None:
         out.print(f"reference: {ref.title} — {ref.source}", highlight=False)
     dev = prov.get("device", {}).get("name")
@@ -225,8 +216,6 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     the results file alone: no spec file is read and no plugin imported. An A/B results file (from
     `moebench ab`) is refused: its page is an A/B page, which `ab` writes. The page beside it is
     replaced only when it is this spec's and shows no more records (else --force)."""
-    from moebench.report.sweep import sweep_markdown  # pandas
-
     dest = results.with_suffix(".md")
     if results.suffix.lower() == ".md" or dest.resolve() == results.resolve():
         raise UsageError(f"{results}: render writes the page beside a results .json, so it would overwrite its own "
@@ -243,8 +232,7 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     spec = page_spec(prov, records)
     for note in spec.notes:
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
-    timed = any(r.timing.get("median_us") is not None for r in records)
-    md = sweep_markdown(spec, records, prov, metric=None if timed or spec.family.host_only else "ref_check")
+    md = sweep_markdown(spec, records, prov)
     atomic_write_text(dest, page_text(md, prov, len(records)))
     out.print(f"Wrote {dest}", markup=False, highlight=False)
 
@@ -256,9 +244,7 @@ def device(
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure again even if cached."),
 ):
     """The GPU, its clocks, and the measured copy ceilings and empty-kernel floor."""
-    info = select_backend(False)
-    if info.backend != "cuda":
-        raise BackendError("no CUDA device is visible: nothing to measure (kernels would run under the interpreter)")
+    info = cuda_device("device", "nothing to measure")
     writable_dir(out_dir / info.slug, "--out")
     clocks = nvml_clocks()
     c = load_or_measure_ceilings(info, out_dir, remeasure=remeasure)

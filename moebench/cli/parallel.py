@@ -11,11 +11,12 @@ from typing import Optional
 
 import typer
 
-from moebench.cli.common import err, out, parse_formats, print_failures
-from moebench.core.store import OutputLock, ResultsWriter, output_file, writable_dir
+from moebench.cli.common import err, out, print_failures
+from moebench.core.store import OutputLock, ResultsWriter, check_formats, output_file, writable_dir
 from moebench.errors import ExitCode, UsageError
 from moebench.parallel.merge import merge_results
 from moebench.parallel.shards import unshard_stem
+from moebench.report.sweep import sweep_markdown, verdict_line
 
 app = typer.Typer()
 
@@ -49,9 +50,7 @@ def merge(
     the kill-switch variables and the baseline launch; a case in two files must have identical
     results. Exit 1 when a case failed or the merge is incomplete (a shard missing, or a shard that
     did not finish)."""
-    from moebench.report.sweep import sweep_markdown
-
-    fmts = parse_formats(formats)
+    fmts = check_formats(formats)
     m = merge_results(files)
     dest, stem = _destination(output, m.files)
     writable_dir(dest, "-o")
@@ -62,9 +61,8 @@ def merge(
     host_only = prov.get("device", {}).get("backend") == "host"  # what the files say: no kernel launched
     md = None
     if "md" in fmts:
-        timed = bool(prov.get("timed"))
         prov = {**prov, "complete": m.complete}
-        md = sweep_markdown(spec, m.records, prov, metric=None if timed or host_only else "ref_check")
+        md = sweep_markdown(spec, m.records, prov)
     with OutputLock(dest, stem):
         written = ResultsWriter(dest, stem, prov, fmts, force=force).finalize(m.records, complete=m.complete,
                                                                               markdown=md)
@@ -84,8 +82,6 @@ def merge(
 
 def merged_line(m, prov: dict, host_only: bool) -> str:
     """One line on what the merge holds: the verdict, and what is missing when it is incomplete."""
-    from moebench.report.sweep import verdict_line
-
     gaps = []
     if m.missing_shards:
         gaps.append(f"shard{'s' if len(m.missing_shards) > 1 else ''} "
@@ -94,8 +90,7 @@ def merged_line(m, prov: dict, host_only: bool) -> str:
         gaps.append(f"{m.missing_cases} case{'s' if m.missing_cases > 1 else ''} of the spec missing")
     if m.incomplete_files:
         gaps.append("unfinished: " + ", ".join(str(f) for f in m.incomplete_files))
-    line = (verdict_line(m.records) if not host_only
-            else f"{sum(r.status == 'ok' for r in m.records)}/{len(m.records)} cases evaluated")
+    line = verdict_line(m.records, host_only)
     dups = f", {m.duplicates} duplicate{'s' if m.duplicates != 1 else ''} kept once" if m.duplicates else ""
     return (f"{prov.get('sweep')}: merged {len(m.files)} file{'s' if len(m.files) != 1 else ''}, "
             f"{len(m.records)} records{dups}: {line}; "

@@ -10,26 +10,26 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from moebench import startup
-from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, parse_formats,
-                                 print_failures, print_pivots, print_timings, raise_pending, select_backend,
+from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out,
+                                 print_failures, print_pivots, print_rows, print_timings, raise_pending, select_backend,
                                  in_run, use_sources)
 from moebench.core.cases import expand, varying_params
 from moebench.core.counters import note as counters_note
 from moebench.core.device import host_device, load_or_measure_ceilings
-from moebench.core.noise import apply as apply_noise, setting_problem
+from moebench.core.noise import apply as apply_noise
 from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep
 from moebench.core.passes import select
 from moebench.core.pipeline import Options
 from moebench.core.provenance import provenance, record_key, run_extra, run_settings, summary_fields
-from moebench.core.store import (OutputLock, ResultsWriter, existing_records, previous_records, result_stem,
+from moebench.core.store import (OutputLock, ResultsWriter, check_formats, existing_records, previous_records, result_stem,
                                  stream_path, writable_dir)
 from moebench.core.spec import apply_timing_overrides, load_spec
 from moebench.errors import ExitCode, Interrupted, OutputError, UsageError
 from moebench.parallel import shards, workers
+from moebench.report.sweep import sweep_markdown, verdict_line
 
 app = typer.Typer()
 
@@ -68,19 +68,11 @@ class Plan:
     verify: bool
 
 
-def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | None = None, shard: str | None = None,
-         timing: str | None = None, noise: str | None = None) -> Plan:
+def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, shard: str | None = None,
+         timing: str | None = None) -> Plan:
     spec = load_spec(spec_name)
-    if l2 is not None:
-        if l2 not in ("warm", "cold"):
-            raise UsageError(f"--l2: expected warm or cold, got {l2!r}")
-        spec.timing.l2 = l2
     if timing:
         apply_timing_overrides(spec.timing, timing)
-    if noise is not None:
-        if setting_problem(noise):
-            raise UsageError(f"--noise: {setting_problem(noise)}")
-        spec.timing.noise = noise
     cases = expand(spec, quick=quick, verify=verify, force=force)
     vary = varying_params(cases)
     shard_of = None
@@ -93,14 +85,9 @@ def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, l2: str | No
 
 
 def print_plan(p: Plan) -> None:
-    tab = Table(title=f"{p.spec.name}: {len(p.cases)} cases" + (" (quick)" if p.quick else ""), title_justify="left")
-    tab.add_column("case id")
-    tab.add_column("variant")
-    for v in p.vary:
-        tab.add_column(v, justify="right")
-    for c in p.cases:
-        tab.add_row(c.id, c.label, *[str(c.params.get(v)) for v in p.vary])
-    out.print(tab)
+    print_rows(f"{p.spec.name}: {len(p.cases)} cases" + (" (quick)" if p.quick else ""), ["case id", "variant", *p.vary],
+               [[c.id, c.label, *[str(c.params.get(v)) for v in p.vary]] for c in p.cases], False,
+               left=("case id", "variant"))
 
 
 @dataclass
@@ -119,7 +106,7 @@ class Where:
 
 def where(p: Plan, a: Args) -> Where:
     """Check every option against the device the run gets (exit 2 before anything runs)."""
-    fmts = parse_formats(a.formats)
+    fmts = check_formats(a.formats)
     if not 0 <= a.case_limit <= CASE_LIMIT_MAX_S:
         raise UsageError(f"--case-limit: expected seconds from 0 (no limit) to {CASE_LIMIT_MAX_S:g}, "
                          f"got {a.case_limit:g}")
@@ -202,9 +189,7 @@ def run_locked(p: Plan, w: Where, a: Args, dest: Path, stem: str):
     records = summary.records
     prov.update(summary_fields(summary))
     with startup.phase("writing the results files and page (import pandas)"):
-        from moebench.report.sweep import sweep_markdown
-
-        md = sweep_markdown(spec, records, prov, metric=None if w.timed or spec.family.host_only else "ref_check")
+        md = sweep_markdown(spec, records, prov)
         prov["wall_phases"] = dict(startup.wall_rows())  # up to this write; --timings prints the whole table
         written = writer.finalize(records, complete=summary.complete, markdown=md)
     return records, summary, written
@@ -270,8 +255,6 @@ def drive(p: Plan, events, writer, todo: int):
 
 def finish(p: Plan, w: Where, a: Args, records: list, summary, written) -> int:
     """Say what the run did (or why it is incomplete) and return its exit code."""
-    from moebench.report.sweep import verdict_line
-
     spec, host_only = p.spec, p.spec.family.host_only
     saved = ", ".join(map(str, written.paths + ([written.stream] if written.stream else [])))
     if written.kept is not None:
@@ -286,9 +269,8 @@ def finish(p: Plan, w: Where, a: Args, records: list, summary, written) -> int:
     with startup.phase("printing the tables"):
         if not p.verify:
             page = next((x for x in written.paths if x.suffix == ".md"), None)
-            print_pivots(spec, records, None if w.timed or host_only else "ref_check", page)
-        line = verdict_line(records) if not host_only else (
-            f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated")
+            print_pivots(spec, records, page=page)
+        line = verdict_line(records, host_only)
         note = "" if w.timed or host_only or w.device.backend == "cuda" else "  (interpreter run: no timings)"
         out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"), note))
         if w.device.backend == "interpret":
@@ -346,15 +328,12 @@ def sweep(
     resume: bool = RESUME_OPT,
     force: bool = FORCE_OPT,
     case_limit: float = CASE_LIMIT_OPT,
-    l2: Optional[str] = typer.Option(None, "--l2", rich_help_panel=TIMER, help="warm (default) or cold (rotate input "
-                                     "sets past L2)."),
     timing: Optional[str] = typer.Option(None, "--timing", rich_help_panel=TIMER, help="Override timer settings of "
-                                         "the spec, e.g. groups=4,placement_memory=private (the keys of a spec's "
-                                         "timing: block)."),
-    noise: Optional[str] = typer.Option(None, "--noise", rich_help_panel=TIMER, help="The run-to-run term of the "
-                                        "stated intervals: auto (default: results/<device>/noise/<sweep>.json of the "
-                                        "repository, when measured on this GPU), none (timing.rerun_rel only), or a "
-                                        "noise model file (scripts/repro.py calibrate)."),
+                                         "the spec (the keys of a spec's timing: block), e.g. l2=cold (rotate input "
+                                         "sets past L2), groups=4, noise=none (the run-to-run term: auto, the "
+                                         "default, reads results/<device>/noise/<sweep>.json of the repository when "
+                                         "measured on this GPU; none; or a model file from scripts/repro.py "
+                                         "calibrate)."),
     cross_check: Optional[str] = typer.Option(None, "--cross-check", rich_help_panel=TIMER, help="Also time with: "
                                               "dobench (triton do_bench_cudagraph), nvbench (NVIDIA nvbench on the "
                                               "same graphs; pip install 'moebench[nvbench]'), profiler (CUPTI kernel "
@@ -380,7 +359,7 @@ def sweep(
     startup.mark("parsing the command line (typer)")
     use_sources(plugin, megatron_lm, interpret=interpret if not dry_run else None)
     with startup.phase("spec and cases"):
-        p = plan(spec, quick=quick, verify=False, force=force, l2=l2, shard=shard, timing=timing, noise=noise)
+        p = plan(spec, quick=quick, verify=False, force=force, shard=shard, timing=timing)
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from moebench.core.records import Record
 from moebench.core.family import catalogue
-from moebench.core.text import md_table, num, printable
+from moebench.core.text import md_table, num, printable, varying
 
 
 @dataclass
@@ -80,10 +80,7 @@ def twins(records: Sequence[Record]) -> list[Twin]:
 
 
 def _varying_shape(pairs: list[Twin]) -> list[str]:
-    names: list[str] = []
-    for p in pairs:
-        names += [k for k in p.shape if k not in names]
-    return [k for k in names if len({repr(p.shape.get(k)) for p in pairs}) > 1]
+    return varying([p.shape for p in pairs], dict.fromkeys(k for p in pairs for k in p.shape))
 
 
 def _launch_text(p: Twin) -> str:

@@ -8,20 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from moebench.analysis import value_of as _val, varying_keys
 from moebench.core import counters as K
-from moebench.core.text import md_table, num, ordered, varying
+from moebench.core.text import md_table, num, ordered
 
 
 def _counters(r) -> dict | None:
     c = r.cross.get("counters")
     return c if isinstance(c, dict) else None
-
-
-def _val(r, k: str) -> Any:
-    if k in ("label", "variant"):
-        return getattr(r, k)
-    v = r.params.get(k)
-    return r.launch.get(k) if v is None else v
 
 
 def _pct(v: Any) -> str:
@@ -92,10 +86,7 @@ def _shape_text(r, keys: list[str]) -> str:
 
 def _varying(recs) -> list[str]:
     """The parameters that take more than one value across these records."""
-    names: list[str] = []
-    for r in recs:
-        names += [k for k in r.params if k not in names]
-    return [k for k in varying([{"label": r.label, **r.params} for r in recs], ["label"] + names) if k != "label"]
+    return [k for k in varying_keys(recs) if k != "label"]
 
 
 def _case_table(recs) -> str:

@@ -1,6 +1,7 @@
 """Records -> tables. Long format in, PR-style pivots out (rows one parameter, columns another).
 
-Library code: returns DataFrames and strings; the CLI prints them.
+Library code: returns DataFrames and strings; the CLI prints them. pandas is imported where a
+table is pivoted, so that the commands that only print a verdict start without it.
 """
 
 from __future__ import annotations
@@ -8,16 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
+from moebench.analysis import params_text
 from moebench.core.noise import page_line
 from moebench.core.records import Record
-from moebench.core.text import md_table, num, ordered, printable, varying
+from moebench.core.text import md_table, ordered, printable, varying
 from moebench.report.conformance import section as twins_section
 from moebench.report.counters import section as counters_section  # records with cross.counters
 from moebench.report.sections import sweep_section
-from moebench.report.ties import (NOT_TAKEN, TIE_NOTE, _label, fastest, fastest_text,  # noqa: F401 (re-exported)
-                                   full_labels, half_width)
+from moebench.report.ties import NOT_TAKEN, _label, full_labels
 
 STATUS_MARK = {"mismatch": "✗ mismatch", "error": "✗ error", "unavailable": "n/a"}
 
@@ -25,6 +24,8 @@ STATUS_MARK = {"mismatch": "✗ mismatch", "error": "✗ error", "unavailable": 
 def frame(records: list[Record]) -> pd.DataFrame:
     """Long format. Parameter columns stay objects: a launch parameter a variant does not read is
     None (not NaN, which would split groups and turn integer caps into floats)."""
+    import pandas as pd
+
     df = pd.DataFrame([r.to_row() for r in records])
     names = {k for r in records for k in r.params}
     for c in df.columns:
@@ -43,6 +44,8 @@ def pivots(records: list[Record], rows: str, cols: str, metric: str,
     (`axes: {act_grid_cap: [512, 1024]}`) or by a few labels only goes into those rows' labels
     (`count 128, act cap, act_grid_cap=512`), so no table is one row long and no two rows read
     alike; one set by the column value (the partner of a `zip`) is named in the title."""
+    import pandas as pd
+
     df = frame(records)
     if df.empty:
         return []
@@ -113,7 +116,7 @@ def _per_column(g: pd.DataFrame, col: str, names: list[str]) -> list[str]:
     for c in names:
         by = {}
         for cv, v in zip(g[col], g[c]):
-            if v is not None and not (isinstance(v, float) and pd.isna(v)):
+            if v is not None and not (isinstance(v, float) and v != v):  # None or NaN
                 by.setdefault(cv, v)
         if len({repr(v) for v in by.values()}) > 1:
             parts.append(f"{c} per column: " + ", ".join(str(_label(by.get(cv[0]))) for cv in ordered((v,) for v in g[col])))
@@ -125,7 +128,7 @@ NOT_TAKEN_NOTE = (f"{NOT_TAKEN} in a row label: the variant does not take that p
 
 
 def fmt(v: Any, metric: str = "") -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
+    if v is None or (isinstance(v, float) and v != v):  # None or NaN
         return "—"
     if isinstance(v, bool):
         return "yes" if v else "no"
@@ -136,11 +139,23 @@ def fmt(v: Any, metric: str = "") -> str:
     return str(v)
 
 
-def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> str:
+def pivot_rows(t: pd.DataFrame, metric: str, corner: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """A pivot's header and rows as text: the row key, then each cell formatted (`fmt`)."""
     head = [corner or " / ".join(str(n) for n in t.index.names)] + [str(c) for c in t.columns]
     rows = [[" ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))] + [fmt(v, metric) for v in row]
             for key, row in t.iterrows()]
-    return md_table(head, rows)
+    return head, rows
+
+
+def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> str:
+    return md_table(*pivot_rows(t, metric, corner))
+
+
+def page_metric(spec, records: list[Record]) -> str:
+    """What a page's pivots show: the spec's metric where a case was timed (or where no kernel runs:
+    a host-only family), else ref_check, the correctness check."""
+    timed = spec.family.host_only or any(r.timing.get("median_us") is not None for r in records)
+    return spec.pivot.get("metric", "median_us") if timed else "ref_check"
 
 
 def verdict(records: list[Record]) -> dict[str, int]:
@@ -156,9 +171,12 @@ def verdict(records: list[Record]) -> dict[str, int]:
     }
 
 
-def verdict_line(records: list[Record]) -> str:
+def verdict_line(records: list[Record], host_only: bool = False) -> str:
     """'2280/2280 exact' when every passing case equals the torch reference bit for bit; for bf16
-    kernels that pass within their stated ulp bound, says how many were exact and how many not."""
+    kernels that pass within their stated ulp bound, says how many were exact and how many not. A
+    host-only family's cases are evaluated, not checked against a kernel."""
+    if host_only:
+        return f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated"
     v = verdict(records)
     ok = [r for r in records if r.status == "ok"]
     inexact = [r for r in ok if r.checks.get("ref_check", "exact") != "exact"]
@@ -180,7 +198,7 @@ def verdict_line(records: list[Record]) -> str:
 def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | None = None) -> str:
     """The results page: what ran, where, the verdict, the PR-style tables and the floors."""
     pv = spec.pivot
-    metric = metric or pv.get("metric", "median_us")
+    metric = metric or page_metric(spec, records)
     dev = prov.get("device", {})
     c = prov.get("ceilings", {}) or {}
     out = [f"# {spec.name}", ""]
@@ -251,7 +269,7 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
     bad = [r for r in records if r.status != "ok"]
     if bad:
         out += ["## Failed cases", ""]
-        out += [f"- `{r.case_id}` {r.label} {_short_params(r)}: {r.status}: {r.error.splitlines()[0] if r.error else ''}"
+        out += [f"- `{r.case_id}` {r.label} {params_text(r.params)}: {r.status}: {r.error.splitlines()[0] if r.error else ''}"
                 for r in bad]
         out.append("")
     return "\n".join(out)
@@ -268,10 +286,6 @@ def _rel(path) -> str:
 def _baseline_text(spec) -> str:
     b = spec.baseline or {}
     return ", ".join(f"{k}={v}" for k, v in b.items()) or "none"
-
-
-def _short_params(r: Record) -> str:
-    return ", ".join(f"{k}={v}" for k, v in r.params.items() if v is not None)
 
 
 def timer_text(t: dict) -> str:
@@ -297,15 +311,3 @@ def timer_text(t: dict) -> str:
                 f"half-width the t-interval between them{plus} (stop when {stop}). L2: {t.get('l2')}")
     return (f"CUDA-graph replay, {t.get('launches_per_graph')} launches per graph over {where}, per-launch median "
             f"over replays{plus} (stop when {stop}). L2: {t.get('l2')}")
-
-
-def compare_markdown(rows, vary: list[str], title: str) -> str:
-    """`moebench compare --markdown`: the per-case verdicts as a pipe table for a PR. `rows` are
-    moebench.analysis.compare's CompareRows (read by attribute: core imports no analysis)."""
-    head = ["case", "variant", *vary, "BASE µs", "NEW µs", "Δ %", "noise ±%", "verdict", "note"]
-    body = [[r.case_id, r.label, *[str(r.params.get(k)) for k in vary], num(r.base_us, ".3f"), num(r.new_us, ".3f"),
-             f"{100 * r.diff:+.2f}" if r.diff is not None else "—",
-             f"{100 * r.noise:.2f}" if r.noise is not None else "—",
-             f"**{r.verdict}**" if r.verdict in ("SLOWER", "FASTER") else r.verdict, r.note]
-            for r in rows]
-    return f"**{title}**\n\n" + md_table(head, body) + "\n"

@@ -561,7 +561,7 @@ def test_ab_without_cuda_says_it_needs_timings(monkeypatch, capsys):
     code, out, err = cli(monkeypatch, capsys, "ab", "count-block", "--off", "block_size=1024", "--on",
                          "block_size=128", "--quick")
     assert code == 2 and BackendError.exit_code == 2
-    assert one_line(err).startswith("error: ab needs timings and no CUDA device is visible")
+    assert one_line(err).startswith("error: ab: no CUDA device is visible")
     assert "Traceback" not in err
     code, out, err = cli(monkeypatch, capsys, "ab", "count-block", "--off", "block_size=1024", "--on",
                          "block_size=128", "--dry-run")

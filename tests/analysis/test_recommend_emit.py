@@ -165,21 +165,21 @@ H200 = SimpleNamespace(name="NVIDIA H200", backend="cuda", sm_count=132, l2_byte
 def gpu(monkeypatch):
     import moebench.cli.analysis as A
 
-    monkeypatch.setattr(A, "_check_device", lambda: H200)
+    monkeypatch.setattr(A, "cuda_device", lambda *a: H200)
     return A
 
 
 def test_cli_check_on_another_device_or_settings_runs_nothing(tmp_path, capsys, monkeypatch, gpu):
     calls: list = []
     monkeypatch.setattr(gpu, "run_cases", _fake_runner(calls))
-    monkeypatch.setattr(gpu, "_check_device", lambda: SimpleNamespace(**{**vars(H200), "name": "NVIDIA B200"}))
+    monkeypatch.setattr(gpu, "cuda_device", lambda *a: SimpleNamespace(**{**vars(H200), "name": "NVIDIA B200"}))
     code, _, err = run_cli(["recommend", str(_planted(tmp_path)), "--emit", "env", "--check"], capsys)
     assert code == 2 and "the check would measure something else" in err and "NVIDIA B200" in err and not calls
     f = _planted(tmp_path)
     doc = json.loads(f.read_text())
     doc["provenance"]["timing"]["l2"] = "cold"
     f.write_text(json.dumps(doc))
-    monkeypatch.setattr(gpu, "_check_device", lambda: H200)
+    monkeypatch.setattr(gpu, "cuda_device", lambda *a: H200)
     code, _, err = run_cli(["recommend", str(f), "--emit", "env", "--check"], capsys)
     assert code == 2 and "l2: 'cold' -> 'warm'" in err and not calls
 

@@ -107,8 +107,8 @@ def test_show_and_list(tmp_path, capsys):
 def test_bad_cli_options_exit_2(tmp_path, capsys):
     code, _, err = run_cli(["sweep", "count-block", "--quick", "--format", "xml", "--out", str(tmp_path)], capsys)
     assert code == 2 and "unknown format 'xml'" in err
-    code, _, err = run_cli(["sweep", "count-block", "--l2", "lukewarm", "--dry-run"], capsys)
-    assert code == 2 and "--l2" in err
+    code, _, err = run_cli(["sweep", "count-block", "--timing", "l2=lukewarm", "--dry-run"], capsys)
+    assert code == 2 and "--timing l2" in err
 
 
 # ----------------------------------------------------------------------------- interruption

@@ -144,12 +144,12 @@ def test_a_comment_keeps_every_record_and_a_complete_file_is_not_shrunk(tmp_path
     assert code == 0 and "--resume: kept 12 of 12 cases" in err
     with monkeypatch.context() as m:  # other settings: nothing kept, and the rerun is interrupted
         interrupt_after(m, 3)
-        code, _, err = sweep(capsys, spec, out, "--resume", "--l2", "cold")
+        code, _, err = sweep(capsys, spec, out, "--resume", "--timing", "l2=cold")
     assert code == 130 and "kept 0 of 12" in err and "which holds 12 records" in err
     prov, recs = load_results(final)
     assert prov["complete"] is True and len(recs) == 12  # the complete file stands
     assert len(stream_records(out / DEV / "small.partial.jsonl")) == 3  # and the new records are kept
-    code, _, err = sweep(capsys, spec, out, "--resume", "--l2", "cold")
+    code, _, err = sweep(capsys, spec, out, "--resume", "--timing", "l2=cold")
     assert code == 0 and "kept 3 of 12" in err
     assert load_results(final)[0]["timing"]["l2"] == "cold"
 
@@ -268,7 +268,7 @@ def test_bad_kill_switch_stops_ab_and_device_workers_before_any_case(tmp_path, c
     assert code == 2 and "$MCORE_COUNT_TOKENS_BLOCK='abc'" in err and not ran
 
 
-@pytest.mark.parametrize("change", [("env", "MCORE_COUNT_TOKENS_BLOCK", "128"), ("opt", "--l2", "cold")],
+@pytest.mark.parametrize("change", [("env", "MCORE_COUNT_TOKENS_BLOCK", "128"), ("opt", "--timing", "l2=cold")],
                          ids=["kill-switch", "l2"])
 def test_resume_drops_records_made_under_other_settings(tmp_path, capsys, monkeypatch, change):
     spec, out = spec_file(tmp_path), tmp_path / "r"
@@ -289,7 +289,7 @@ def test_resume_drops_records_made_under_other_settings(tmp_path, capsys, monkey
     from moebench.core.spec import load_spec
 
     s = load_spec(str(spec))
-    if name == "--l2":
+    if name == "--timing":
         s.timing.l2 = "cold"
     assert keys == {record_key(c, prov["settings"]) for c in expand(s)}  # every record made under the stated settings
 

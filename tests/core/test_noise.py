@@ -93,12 +93,12 @@ def test_the_cli_exits_2_on_a_malformed_model_before_any_case(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text('{"device": "x", "runs": 3, "cases": {"c1": {"rerun_rel": null}}}')
     code, out, err = run_cli(["sweep", "count-block", "--quick", "--interpret", "--out", str(tmp_path / "o"),
-                              "--noise", str(bad)], capsys)
+                              "--timing", f"noise={bad}"], capsys)
     assert code == 2 and "bad.json: cases.c1.rerun_rel: expected a number" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     code, _, err = run_cli(["sweep", "count-block", "--quick", "--interpret", "--out", str(tmp_path / "o"),
-                            "--noise", ""], capsys)
-    assert code == 2 and "--noise: expected auto, none or the path" in err
+                            "--timing", "noise="], capsys)
+    assert code == 2 and "--timing noise: expected auto, none or the path" in err
 
 
 def test_the_timing_setting_is_validated_in_specs_and_overrides():
@@ -247,7 +247,7 @@ def test_the_page_line_names_the_model_and_the_cases_outside_it():
 def test_a_quick_interpreter_sweep_page_says_which_noise_model(tmp_path, capsys):
     # the interpreter times nothing: the page says there is no timing, the model is not recorded
     code, _, err = run_cli(["sweep", "count-block", "--quick", "--interpret", "--out", str(tmp_path), "--format",
-                            "json", "--noise", "none"], capsys)
+                            "json", "--timing", "noise=none"], capsys)
     assert code == 0, err
     prov, _ = load_results(next(tmp_path.glob("*/count-block-quick.json")))
     assert prov["timing"]["noise"] == "none" and "noise_model" not in prov

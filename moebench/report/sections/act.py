@@ -22,11 +22,6 @@ def markdown_sections(records) -> str:
              "|---|---|---|---|---|---|---|---|"]
     verdicts = []
     ties = False
-
-    def name(r) -> str:
-        return r.label + (f", cap {r.params['grid_cap']}" if r.params.get("grid_cap") is not None and
-                          str(r.params["grid_cap"]) not in r.label else "")
-
     for (op, m, live), rs in sorted(shapes.items()):
         top = fastest(rs)
         best = top[0]
@@ -34,7 +29,7 @@ def markdown_sections(records) -> str:
         leg = next((r for r in rs if r.variant == "legacy"), None)
         seed = next((r for r in rs if r.variant in ("capped", "shipped") and r.launch.get("grid_cap") == _SEED_CAP),
                     None)
-        won = fastest_text(top, name)
+        won = fastest_text(top, lambda r: _name(r, ", "))
         ratio = ""
         if leg and seed:
             x = seed.timing["median_us"] / leg.timing["median_us"]
@@ -58,6 +53,12 @@ def markdown_sections(records) -> str:
     return "\n".join(lines + ["", floors_and_occupancy(timed)])
 
 
+def _name(r, sep: str = " ") -> str:
+    """The label, with the grid cap where the label does not say it."""
+    cap = r.params.get("grid_cap")
+    return r.label + (f"{sep}cap {cap}" if cap is not None and str(cap) not in r.label else "")
+
+
 def floors_and_occupancy(timed) -> str:
     """Every timed row against its floors, with the launch's occupancy: the columns the seed
     argues from (bytes moved, floor, x floor, CTAs with work, % of the thread slots)."""
@@ -69,8 +70,7 @@ def floors_and_occupancy(timed) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in timed:
         w = r.work
-        label = r.label + (f" cap {r.params['grid_cap']}" if r.params.get("grid_cap") is not None and
-                           str(r.params.get("grid_cap")) not in r.label else "")
+        label = _name(r)
         note = " ¹" if w.get("floor_note") else ""
         out.append(
             f"| {label} | {r.params['rows']} | {r.params['live_rows']} | {r.timing['median_us']:.2f} | "

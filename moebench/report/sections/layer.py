@@ -6,16 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from moebench.analysis import params_text
 from moebench.analysis.ab import Arm, ab_stats, separation_cell
 from moebench.core.text import md_table, num, varying
 from moebench.report.ties import TIE_NOTE, fastest, full_labels, half_width
 
 # The keys a case varies that are not the configuration under test: what tells shapes apart.
 _SHAPE = ("tokens", "buffer_tokens", "local_experts", "op", "hidden", "ffn", "topk")
-
-
-def _shape_text(params: dict, keys) -> str:
-    return ", ".join(f"{k}={params.get(k)}" for k in keys) or "all"
 
 
 def markdown_sections(records) -> str:
@@ -47,7 +44,7 @@ def markdown_sections(records) -> str:
             rows.append([names[id(r)] + mark, f"{r.timing['median_us']:.2f}", _pm(r), num(w.get("delta_us"), "+.2f"),
                          num(w.get("per_step_delta_us"), "+.1f"), num(w.get("floor_us")), num(w.get("x_floor")),
                          _launch_text(r)])
-        out += [f"### {_shape_text(dict(zip(keys, key)), keys)}", "",
+        out += [f"### {params_text(dict(zip(keys, key)), keys) or 'all'}", "",
                 md_table(["configuration", "µs", "± µs", "Δ vs baseline µs", "per step µs", "floor µs", "× floor",
                           "launch"], rows), ""]
     if tie:
