@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from moebench.core.cases import Case, baseline_case, shape_key
-from moebench.core.device import DeviceInfo, interpreter_without_discarded_checks
+from moebench.core.device import DeviceInfo
 from moebench.core.family import Check
 from moebench.core.passes import CaseDone, Pass
 from moebench.core.placements import Placements, Timer, floors, occupancy
@@ -160,8 +160,6 @@ class CasePipeline:
         self.events: list = []  # Retimed events of the case running, for the driver to hand on
         self.phases: dict[str, float] = defaultdict(float)  # wall seconds per phase of the cases
         self._phase_lock = threading.Lock()
-        if device.backend == "interpret":
-            interpreter_without_discarded_checks()
 
     @property
     def jit_specializations(self) -> int:
