@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from moebench import __version__
-from moebench.core.cases import baseline_case, expand
+from moebench.core.baseline import baseline_ids
+from moebench.core.cases import expand
 from moebench.core.spec import PACKAGE_ROOT
 from moebench.sources import plugins, upstream
 
@@ -142,12 +143,13 @@ def summary_fields(summary) -> dict:
 
 
 def case_map(spec, *, quick: bool, verify: bool) -> dict[str, str | None] | None:
-    """The whole matrix of a run (every shard's cases), in order: case id -> id of the baseline
-    launch at its shape (None without a baseline). Kept in provenance.cases so that `merge`
-    counts missing cases, orders records and reads each against its baseline without the spec."""
+    """The whole matrix of a run (every shard's cases), in order: case id -> id of the case that is
+    the baseline launch at its shape (baseline_ids; None where there is none). Kept in
+    provenance.cases so that `merge` counts missing cases, orders records and reads each against
+    its baseline without the spec."""
     try:
         cases = expand(spec, quick=quick, verify=verify, force=True)
-        return {c.id: baseline_case(spec, c).id if spec.baseline else None for c in cases}
+        return baseline_ids(spec, [(c.id, c.variant, c.params) for c in cases])
     except Exception:  # noqa: BLE001 - provenance stands without it; merge then says it cannot count
         return None
 
