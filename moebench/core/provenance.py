@@ -30,9 +30,8 @@ from moebench.core.cases import expand
 from moebench.core.spec import PACKAGE_ROOT
 from moebench.sources import plugins, upstream
 
-# Where the tree has no .git of its own (copied to a GPU machine), the commit it was copied from;
-# MOEBENCH_GIT_COMMIT is the older name, still read.
-COMMIT_ENV = ("MOEBENCH_COMMIT", "MOEBENCH_GIT_COMMIT")
+# Where the tree has no .git of its own (copied to a GPU machine), the commit it was copied from
+COMMIT_ENV = "MOEBENCH_COMMIT"
 
 
 def _is_moebench_checkout(top: Path) -> bool:
@@ -52,9 +51,8 @@ def git_commit() -> str | None:
     changes) of the git repository that holds this package, and only when that repository is
     moebench's own (a copy of the tree without its .git that sits inside another repository would
     otherwise name that repository's commit); else None (provenance then says "unknown")."""
-    for var in COMMIT_ENV:
-        if os.environ.get(var, "").strip():
-            return os.environ[var].strip()
+    if os.environ.get(COMMIT_ENV, "").strip():
+        return os.environ[COMMIT_ENV].strip()
     where = PACKAGE_ROOT
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True,
