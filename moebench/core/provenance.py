@@ -179,9 +179,9 @@ def run_settings(spec, device, *, timed: bool, cross: Iterable[str], environ: Ma
 def _source_sha(source: str) -> str | None:
     """sha256 of the plugin code behind a variant's or family's source ('plugin FILE', or 'plugin
     MODULE (entry point NAME)'): the file, and every module loaded now (sys.modules) from a file
-    under that file's folder, moebench's own package aside, so that editing a module a plugin
-    imports re-runs its cases too (installed libraries and the standard library aside: those are
-    not the plugin's code). None for built-in and upstream code."""
+    under that file's folder, so that editing a module the plugin reads re-runs its cases too
+    (moebench, installed libraries and the standard library aside: not the plugin's code). None
+    for built-in and upstream code."""
     if not isinstance(source, str) or not source.startswith("plugin "):
         return None
     what = source[len("plugin "):]
