@@ -83,11 +83,24 @@ def parse_devices(text: str) -> list[int]:
 
 
 def pool(spec: Spec, devices: Sequence[int], opts: Options, *, isolate: bool = False):
-    """The run driver's `workers` for these GPUs: a callable (cases, passes, environ) -> records.
-    `isolate`: a worker that dies (or leaves after a CUDA error) is replaced by a fresh one."""
+    """The run driver's `workers` for these GPUs of this node: a callable (cases, passes, environ)
+    -> records as they finish, one worker process per GPU. `devices` are indices as this process
+    sees them (inside CUDA_VISIBLE_DEVICES, if set). `isolate`: a worker that dies (or leaves after
+    a CUDA error) is replaced by a fresh one."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
+    keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
 
     def run(cases: Sequence[Case], passes: Sequence[Pass], environ: Mapping[str, str]) -> Iterator[Record]:
-        return run_on_devices(spec, cases, devices, opts=opts, passes=passes, environ=environ, respawn=isolate)
+        torch = sys.modules.get("torch")
+        if torch is not None:  # what this process cached (the ceilings' 4 GiB copy) is the workers' memory
+            try:
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
+            except RuntimeError:  # this process's context is gone (a CUDA error): the workers start afresh anyway
+                pass
+        return _run_workers(spec, cases, keys, False, opts=opts, labels=[f"GPU {d}" for d in devices], passes=passes,
+                            environ=environ, respawn=isolate)
 
     return run
 
@@ -113,27 +126,6 @@ def isolated(spec: Spec, opts: Options, backend: str):
 WATCHDOG_GRACE_S = 10.0
 
 
-def run_on_devices(spec: Spec, cases: Sequence[Case], devices: Sequence[int], *,
-                   opts: Options, passes: Sequence[Pass] = (),
-                   environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
-    """Run cases on several GPUs of this node, one worker process per GPU; yield records as they finish
-    (in completion order). A worker that dies is reported as an error record for the case it held,
-    and the others drain the rest (`respawn`: a fresh worker takes its place). The cases travel as
-    they are, already expanded."""
-    torch = sys.modules.get("torch")
-    if torch is not None:  # what the parent cached (the ceilings' 4 GiB copy) is the workers' memory
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.empty_cache()
-        except RuntimeError:  # this process's context is gone (a CUDA error): the workers start afresh anyway
-            pass
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
-    keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
-    yield from _run_workers(spec, cases, keys, interpret=False, opts=opts, labels=[f"GPU {d}" for d in devices],
-                            passes=passes, environ=environ, respawn=respawn)
-
-
 @dataclass
 class _Worker:
     label: str
@@ -155,7 +147,7 @@ class _Worker:
 def _run_workers(spec: Spec, cases: Sequence[Case], worker_keys: Sequence[str], interpret: bool, *,
                  opts: Options, labels: Sequence[str] | None = None, passes: Sequence[Pass] = (),
                  environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
-    """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
+    """The worker pool behind `pool` and `isolated`, with the backend as a parameter so it runs on the CPU.
 
     One spawned process per key: a CUDA_VISIBLE_DEVICES value (interpret=False) or just a name
     (interpret=True: the kernels run under TRITON_INTERPRET=1, device info from detect(True)).
