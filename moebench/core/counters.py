@@ -83,7 +83,6 @@ MARKER_KERNEL = "_moebench_counters_mark"
 # The verdict, first match wins (docs/counters.md):
 # launch-bound: the timed launch is within 2x of an empty kernel replayed the same way: at least half
 #   of its time is what launching nothing costs, so no change inside the kernel can buy more than half.
-#   (On the H200 the empty kernel is ~0.74 us per graph node; count-block at decode is 2.6x it.)
 LAUNCH_X = 2.0
 # bandwidth-bound: DRAM or L2 throughput at >= 60% of peak (ncu's speed-of-light guidance reads a
 #   unit above 60% as the limiter; small kernels rarely pass 80% since ramp-up and tail count).
