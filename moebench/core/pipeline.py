@@ -63,12 +63,6 @@ class Options:
 # ----------------------------------------------------------------------------------- resolving
 
 
-def resolve(spec: Spec, case: Case, device: DeviceInfo, environ: Mapping[str, str]) -> tuple[dict, dict]:
-    """The parameters a case's kernel runs with, and where each launch value came from
-    (FamilySpec.resolve)."""
-    return spec.family.resolve(case.variant, case.params, device, environ, case.origins)
-
-
 def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ: Mapping[str, str],
                       resolve_case: Callable[[Case], tuple[dict, dict]] | None = None) -> None:
     """Resolve one case of each variant (and the baseline launch) up front, so a malformed
@@ -77,10 +71,7 @@ def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ
     read by this run's variants or not: each is part of the settings a record is resumed under.
     Torch-free: it only resolves. `resolve_case` (a CasePipeline's) keeps what it resolved, so those
     cases are not resolved again when they run."""
-    if resolve_case is None:
-        def resolve_case(c: Case) -> tuple[dict, dict]:
-            return resolve(spec, c, device, environ)
-
+    resolve_case = resolve_case or (lambda c: spec.family.resolve(c.variant, c.params, device, environ, c.origins))
     seen = set()
     for c in cases:
         if c.variant not in seen:
@@ -251,7 +242,7 @@ class CasePipeline:
         launch of its shape all read the same resolution."""
         key = (case.id, tuple(sorted((case.origins or {}).items())))
         if key not in self._resolved:
-            self._resolved[key] = resolve(self.spec, case, self.device, self.environ)
+            self._resolved[key] = self.fam.resolve(case.variant, case.params, self.device, self.environ, case.origins)
         params, sources = self._resolved[key]
         return dict(params), dict(sources)
 
