@@ -150,7 +150,7 @@ def test_the_timer_reports_the_mean_of_group_medians_with_their_interval():
     timer = Timer(spec.timing, run.placements, time_groups=fake_time_groups,
                   clocks=lambda i: {"sm_mhz": None, "sm_max_mhz": None})
     case = expand(spec, quick=True)[-1]
-    params, _ = S.resolve(spec, case, run.device, {})
+    params, _ = spec.family.resolve(case.variant, case.params, run.device, {}, case.origins)
     sets = run.inputs(case)
     builder = spec.family.builder(case.variant)
     rebuilt = []
