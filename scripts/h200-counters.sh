@@ -13,13 +13,13 @@
 #   2 sweep count-block (no counters)            3 sweep count-block --counters (right after it)
 #   4 sweep act-grid --counters                  5 compare, plot, bundle
 # Run from the repository root on the H200 (nothing to install: ncu is /usr/local/cuda/bin/ncu):
-#   MOEBENCH_GIT_COMMIT=<sha> bash scripts/h200-counters.sh "$OUT"
+#   MOEBENCH_COMMIT=<sha> bash scripts/h200-counters.sh "$OUT"
 set -uo pipefail
 OUT=${1:-${OUT:-counters-out}}
 W=/tmp/moebench-counters
 rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export MOEBENCH_GIT_COMMIT=${MOEBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export MOEBENCH_COMMIT=${MOEBENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 export MOEBENCH_NCU=${MOEBENCH_NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 export MOEBENCH_COUNTERS_RAW=$W/raw
 SUMMARY=$W/summary.txt
@@ -38,7 +38,7 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, log to W/NAME.l
   return $rc
 }
 
-say "commit $MOEBENCH_GIT_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null)"
+say "commit $MOEBENCH_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null)"
 say "tool: $MOEBENCH_NCU: $("$MOEBENCH_NCU" --version 2>&1 | grep -i version | tail -1)"
 "$MOEBENCH_NCU" --query-metrics >"$W/query-metrics.txt" 2>&1
 say "optional metrics listed: $(grep -oE '^(smsp__thread_inst_executed|l1tex__t_requests_pipe_lsu_mem_global_op_(red|atom)) ' \

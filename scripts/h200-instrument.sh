@@ -30,7 +30,7 @@ BUDGET=${BUDGET:-530}   # seconds this script may run (600 per device command, l
 rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # moebench's own commit only (never that of a repository the tree was copied into): records.git_commit
-export MOEBENCH_COMMIT=${MOEBENCH_COMMIT:-${MOEBENCH_GIT_COMMIT:-$(python3 -c 'from moebench.core.records import git_commit; print(git_commit() or "unknown")' 2>/dev/null || echo unknown)}}
+export MOEBENCH_COMMIT=${MOEBENCH_COMMIT:-$(python3 -c 'from moebench.core.provenance import git_commit; print(git_commit() or "unknown")' 2>/dev/null || echo unknown)}
 SUMMARY=$W/summary.txt
 say() { echo "[$(printf '%4d' $SECONDS) s] $*" | tee -a "$SUMMARY"; }
 bundle() {  # what has been made so far, under OUT (re-made after every step: a cut run keeps it)

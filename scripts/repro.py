@@ -6,7 +6,7 @@ model they measure, and how well the stated intervals and the `compare` gate hol
         process each): DIR/<sweep>-run<k>.json, and DIR/repro.json with the wall time of every run,
         its exit code, the host and the GPUs (nvidia-smi -L) the call ran on.
     python scripts/repro.py calibrate DIR|FILE... -o results/h200/noise/
-        The noise model of every sweep in DIR... (moebench.core.noise.calibrate): per case the
+        The noise model of every sweep in DIR... (noise_model): per case the
         half-width a single run must add so that any two of these runs agree within sqrt(ha² + hb²).
         A FILE (a run's results file) takes that run alone, to calibrate on some runs of a folder.
     python scripts/repro.py holdout DIR|FILE... -o FILE.md
@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -195,9 +196,65 @@ def _k(p: Path) -> int:
 # ----------------------------------------------------------------------------------- calibrate
 
 
+def pair_term(values: list[float]) -> float:
+    """The relative half-width each run must state so that any two agree: (max - min) / min / sqrt(2),
+    rounded up to 5 decimals (as records state it). Relative to the smaller value, not the mean, so
+    that both tests hold for every pair i, j with h = median x term: |mi - mj| <= sqrt(hi² + hj²)
+    (the coverage of the intervals), and |mi - mj| / base <= sqrt(2) x term (compare's noise with
+    either run as BASE), so the gate cannot call a change within the measured spread SLOWER."""
+    if len(values) < 2 or min(values) <= 0:
+        return 0.0
+    return math.ceil((max(values) - min(values)) / min(values) / math.sqrt(2) * 1e5) / 1e5
+
+
+def noise_model(runs: list[tuple[str, str, dict, list]], *, floor: float | None = None) -> dict:
+    """A noise model document from N >= 2 runs of one sweep on one device: `runs` is
+    (name, sha256, provenance, records) per run. Per case timed in at least two runs: spread_rel =
+    (max - min) / min, rerun_rel = max(floor, pair_term) = max(floor, spread_rel / sqrt(2)). `floor`:
+    default the runs' timing.rerun_rel."""
+    if len(runs) < 2:
+        raise UsageError(f"calibrate: {len(runs)} run(s) of this sweep; at least 2 are needed")
+    provs = [p for _, _, p, _ in runs]
+    devices = {(p.get("device") or {}).get("name") for p in provs}
+    sweeps = {p.get("sweep") for p in provs}
+    if len(devices) != 1 or len(sweeps) != 1:
+        raise UsageError(f"calibrate: the runs mix devices {sorted(map(str, devices))} or sweeps "
+                         f"{sorted(map(str, sweeps))}; a model is per sweep and device")
+    timing = provs[0].get("timing") or {}
+    if floor is None:
+        floor = float(timing.get("rerun_rel") or 0.005)
+    values: dict[str, list[float]] = {}
+    first: dict[str, Any] = {}
+    for _, _, _, recs in runs:
+        for r in recs:
+            m = r.timing.get("median_us") if r.status == "ok" else None
+            if isinstance(m, (int, float)) and m > 0:
+                values.setdefault(r.case_id, []).append(float(m))
+                first.setdefault(r.case_id, r)
+    cases = {}
+    for cid, vs in values.items():
+        if len(vs) < 2:
+            continue
+        r = first[cid]
+        cases[cid] = {"label": r.label, "params": {k: v for k, v in r.params.items() if v is not None},
+                      "runs": len(vs), "spread_rel": round((max(vs) - min(vs)) / min(vs), 5),
+                      "rerun_rel": max(floor, pair_term(vs))}
+    if not cases:
+        raise UsageError(f"calibrate: no case of {sorted(map(str, sweeps))[0]} was timed in two runs (runs without "
+                         "a GPU time nothing)")
+    commits = sorted({str(p.get("git_commit")) for p in provs})
+    return {"device": devices.pop(), "sweep": sweeps.pop(), "commit": commits[0] if len(commits) == 1 else None,
+            "commits": commits, "runs": len(runs),
+            "method": {k: v for k, v in timing.items() if k != "noise"}, "floor": floor,
+            "rule": "rerun_rel = max(floor, (max - min) / min / sqrt(2)) over the runs' medians",
+            "calibrated_on": [{"file": n, "sha256": s} for n, s, _, _ in runs],
+            "cases": dict(sorted(cases.items()))}
+
+
+
 def _calibration(runs: list[Run]) -> dict:
-    """The noise model document of these runs (moebench.core.noise.calibrate)."""
-    return N.calibrate([(str(r.path), r.sha256, r.prov, r.records) for r in runs])
+    """The noise model document of these runs (calibrate)."""
+    return noise_model([(str(r.path), r.sha256, r.prov, r.records) for r in runs])
 
 
 def calibrate(dirs: list[Path], out: Path) -> list[Path]:
@@ -492,7 +549,7 @@ def holdout(dirs: list[Path], *, made_by: str | None = None) -> str:
     covers once both are re-stated with it. What a model promises a GPU it has never seen."""
     out = ["# Leave one GPU out (scripts/repro.py holdout)", ""] + ([f"Made by {made_by}.", ""] if made_by else [])
     out += [f"Runs: {', '.join(str(d) for d in dirs)}. Per GPU, the model is calibrated on the runs of every other "
-            "GPU (moebench.core.noise.calibrate); each held-out run is paired with every run of another GPU, both "
+            "GPU (noise_model); each held-out run is paired with every run of another GPU, both "
             "re-stated with that model (within-run part, model term in quadrature). The pairs among the held-out "
             "GPU's own runs are counted apart: no model term is needed there.", ""]
     for sweep, runs in sorted(load_runs(dirs).items()):

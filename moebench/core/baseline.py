@@ -1,8 +1,12 @@
 """Each timed record read against the baseline launch of its shape (speedup, Δµs, per-step
 projection): the run driver and the merge of a sharded run add these to records before they are
-written, so the numbers are the records' own, not a page's."""
+written, so the numbers are the records' own, not a page's. Both find a shape's baseline by one
+rule (`baseline_ids`): the case whose variant and launch values are the spec's baseline, whatever
+its label."""
 
 from __future__ import annotations
+
+from typing import Iterable, Mapping
 
 from moebench.core.cases import is_baseline
 from moebench.core.records import Record
@@ -14,19 +18,32 @@ def launch_layers(family, params: dict) -> int:
     return max(1, int(hook(params))) if hook is not None else 1
 
 
+def baseline_ids(spec, cases: Iterable[tuple[str, str, dict]]) -> dict[str, str | None]:
+    """(case id, variant, params) of each case -> the id of the case among them that is the spec's
+    baseline launch at its shape; None where none is (or the spec has no baseline)."""
+    cases = list(cases)
+    shape = spec.family.shape_params
+    at: dict[tuple, str] = {}
+    for cid, variant, params in cases:
+        if spec.baseline and is_baseline(spec, variant, params):
+            at[tuple(params.get(k) for k in shape)] = cid
+    return {cid: at.get(tuple(params.get(k) for k in shape)) for cid, _, params in cases}
+
+
 def add_baseline_deltas(spec, records: list[Record]) -> None:
-    """Read every timed record against the baseline launch of the same shape: speedup, Δµs, and
-    the per-step projection Δµs x MoE layers (from the model config), like the seed PRs do."""
-    if not spec.baseline:
-        return
-    fam = spec.family
-    base_by_shape: dict[tuple, float] = {}
+    """Read every timed record against the baseline launch of the same shape among `records`."""
+    timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
+    base = baseline_ids(spec, [(r.case_id, r.variant, r.params) for r in timed])
+    add_deltas(records, base, (spec.model or {}).get("moe_layers"), spec.family)
+
+
+def add_deltas(records: list[Record], baseline_of: Mapping[str, str | None], layers: int | None, family) -> None:
+    """Every timed record against the record `baseline_of` names for it (case id -> the baseline's
+    case id), like the seed PRs do: speedup, Δµs, and the per-step projection Δµs x MoE layers."""
+    by_id = {r.case_id: r for r in records}
     for r in records:
-        if r.status == "ok" and r.timing.get("median_us") is not None and is_baseline(spec, r.variant, r.params):
-            base_by_shape[tuple((k, r.params.get(k)) for k in fam.shape_params)] = r.timing["median_us"]
-    layers = spec.model.get("moe_layers") if spec.model else None
-    for r in records:
-        set_delta(r, base_by_shape.get(tuple((k, r.params.get(k)) for k in fam.shape_params)), layers, fam)
+        b = by_id.get(baseline_of.get(r.case_id) or "")
+        set_delta(r, b.timing.get("median_us") if b is not None and b.status == "ok" else None, layers, family)
 
 
 def set_delta(r: Record, base: float | None, layers: int | None, family) -> None:

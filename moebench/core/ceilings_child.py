@@ -2,11 +2,9 @@
 PATH` detects this process's CUDA device, measures (moebench.core.device.measure_ceilings) and writes
 PATH as `moebench device` does ({"device": ..., "ceilings": ...}).
 
-Why a process of its own: measuring allocates two 2 GiB copy buffers and frees them, and a timed run
-that did that in its own process before its first case read tokens 1024 / BLOCK 512 of count-block
-at ~3.81 µs in 4 of 6 runs against ~3.49 µs in 6 of 6 that found the ceilings cached (one H200,
-alternating; results/h200/TIMER.md, "The per-process level, found"). The timed process must start
-from the same memory every time.
+Why a process of its own: measuring allocates two 2 GiB copy buffers and frees them, which moved
+the timings of the process that did it (results/h200/TIMER.md, "The per-process level, found"); the
+timed process must start from the same memory every time.
 """
 
 from __future__ import annotations

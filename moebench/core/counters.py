@@ -13,7 +13,7 @@ parser and the verdict. The `counters` pass (moebench.core.passes) calls `collec
          -> ncu's CSV (one row per kernel launch and metric) -> kernels per case (split at the
             markers) -> cross.counters, cross.verdict, cross.work_check on each record
 
-The tool sits behind `CounterTool` (unavailable / version / profile); `Ncu` is the one there is. Why
+The tool is `Ncu` (unavailable / version / profile; a test hands in another with those). Why
 the ncu subprocess: it needs no Python wheels on the machine (cupti-python needs ~27 MB carried),
 it replays each kernel for exact per-kernel counters, and with `--graph-profiling node` it profiles
 the kernels inside a CUDA graph; the PyTorch profiler returned no metric values on the H200.
@@ -37,7 +37,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
 from moebench.core.family import switch_variables
 
@@ -80,10 +80,9 @@ OPTIONAL_METRICS = (
 MARKER_KERNEL = "_moebench_counters_mark"
 
 # ----------------------------------------------------------------------------------- thresholds
-# The verdict, first match wins (README "Hardware counters" says why each value):
+# The verdict, first match wins (docs/counters.md):
 # launch-bound: the timed launch is within 2x of an empty kernel replayed the same way: at least half
 #   of its time is what launching nothing costs, so no change inside the kernel can buy more than half.
-#   (On the H200 the empty kernel is ~0.74 us per graph node; count-block at decode is 2.6x it.)
 LAUNCH_X = 2.0
 # bandwidth-bound: DRAM or L2 throughput at >= 60% of peak (ncu's speed-of-light guidance reads a
 #   unit above 60% as the limiter; small kernels rarely pass 80% since ramp-up and tail count).
@@ -375,17 +374,6 @@ class Profiled:
     command: list[str] = field(default_factory=list)
 
 
-class CounterTool(Protocol):
-    name: str
-
-    def unavailable(self) -> str | None: ...
-
-    def version(self) -> str | None: ...
-
-    def profile(self, child: list[str], *, l2: str, timeout_s: float, env: Mapping[str, str],
-                raw: Path | None = None) -> Profiled: ...
-
-
 def find_ncu(environ: Mapping[str, str]) -> tuple[str | None, str]:
     """The ncu to run, and where it was looked for."""
     want = (environ.get(NCU_ENV) or "").strip()
@@ -497,7 +485,7 @@ class Ncu:
 # ----------------------------------------------------------------------------------- the pass's work
 
 
-def why_unavailable(device, tool: CounterTool) -> str | None:
+def why_unavailable(device, tool: Ncu) -> str | None:
     """One line saying what is missing for counters here, or None."""
     if getattr(device, "backend", None) != "cuda":
         return ("no CUDA device (this run used the Triton interpreter on the CPU); counters need an NVIDIA GPU "
@@ -537,7 +525,7 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def collect(spec, device, cases: Sequence[Any], records: Sequence[Any], *, l2: str = "warm",
-            tool: CounterTool | None = None, environ: Mapping[str, str] | None = None,
+            tool: Ncu | None = None, environ: Mapping[str, str] | None = None,
             plugins: Sequence[str] = ()) -> None:
     """Counters for every timed ok record (module docstring), set on `record.cross`: `counters`,
     `verdict`, `work_check`; or `counters = {"unavailable": why}` on each when they cannot be had."""

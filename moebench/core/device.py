@@ -90,8 +90,6 @@ def _nvml():
 def nvml_clocks(index: int = 0) -> dict[str, int | None]:
     """Current and max SM / memory clocks in MHz (None where NVML is not available)."""
     nv = _nvml()
-    if nv is None:
-        return {"sm_mhz": None, "mem_mhz": None, "sm_max_mhz": None, "mem_max_mhz": None}
     try:
         h = nv.nvmlDeviceGetHandleByIndex(index)
         return {
@@ -100,25 +98,16 @@ def nvml_clocks(index: int = 0) -> dict[str, int | None]:
             "sm_max_mhz": nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
             "mem_max_mhz": nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
         }
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no NVML (nv is None), or it cannot read this GPU
         return {"sm_mhz": None, "mem_mhz": None, "sm_max_mhz": None, "mem_max_mhz": None}
 
 
 def nvml_driver() -> str | None:
-    nv = _nvml()
-    if nv is None:
-        return None
     try:
-        v = nv.nvmlSystemGetDriverVersion()
+        v = _nvml().nvmlSystemGetDriverVersion()
         return v.decode() if isinstance(v, bytes) else v
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no NVML, or it cannot say
         return None
-
-
-def interpreter_without_discarded_checks() -> bool:
-    """The interpreter's `no_overflow_checks` patch (moebench.core.tritonpatch, where it is explained
-    and switched off); True when it changed the interpreter's options."""
-    return tritonpatch.enabled("no_overflow_checks") and tritonpatch.skip_overflow_checks()
 
 
 # The interpreter's stand-in machine: kernels are checked as if on a 132-SM GPU (an H200), so

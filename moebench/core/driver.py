@@ -9,32 +9,17 @@ per-GPU worker of `--devices` go through `Driver`; nothing else builds a case pi
 What the driver owns:
 - the environment (`environ`: the kill switches such as MCORE_COUNT_TOKENS_BLOCK, and
   MOEBENCH_PREFETCH), injected once and handed down to the case pipeline, the families' resolve
-  and the workers; nothing reads or writes `os.environ` during a run (None: a copy of it, taken
-  when the driver is made);
-- the passes (moebench.core.passes: do_bench, nvbench, the profiler, ...): chosen from
-  `options.cross`, refused with a UsageError (exit 2) before the first case when one cannot run
-  where the cases run (the interpreter, an untimed run, inside per-GPU workers); their per-case
-  hooks run in the process that times the case, their after-all hooks here after every case; the
-  Summary lists the passes that ran, and only those (the provenance's `cross_checks`);
-- where the cases run: here, through a CasePipeline (moebench.core.pipeline), with inputs built
-  ahead on background threads; or on workers, a callable `workers(cases, passes, environ)` yielding
-  records (moebench.parallel.workers builds one per GPU: core never imports parallel);
+  and the workers; nothing reads or writes `os.environ` during a run;
+- the passes (moebench.core.passes), chosen from `options.cross` and refused before the first case
+  where they cannot run; the Summary lists the passes that ran, and only those;
+- where the cases run: here, through a CasePipeline, with inputs built ahead on background threads
+  (moebench.core.prefetch); or on workers, a callable `workers(cases, passes, environ)` yielding
+  records (moebench.parallel.workers builds them: core never imports parallel);
 - the record order, baseline deltas and compile accounting of the Summary;
-- what happens after a case leaves this process's CUDA context unusable (an illegal address: see
-  `poisons_context`): with a `fallback` (a `workers` callable: moebench.parallel.workers.isolated,
-  which the CLI hands in), the rest of the run goes on in fresh child processes, and no after-all
-  pass runs here. `--isolate` runs every case in a child from the start (the CLI's `workers`).
-
-Adding a pass (how the `counters` pass plugs in): in moebench/core/passes.py, or a plugin file
-(--plugin), subclass `Pass`, give it a `name` (what `--cross-check` takes), where it can run
-(`cuda_only`, `in_workers`, `keeps_graphs`, `keeps_cases`) and an `announce` line, and implement
-`after_case(ctx: CaseDone)` (per case, right after its timing, or its checks when untimed: the
-case, its record, group 0's closures, kept graphs) and/or `after_all(ctx: AfterAll)` (after every
-case: the spec, device, options, environment, every case and record; it may add fields to the
-records, e.g. `rec.work["counters"] = {...}` or entries of `rec.cross`). Decorate the class with
-`@register`. A pass that re-runs cases in a child process (Nsight Compute) needs only `after_all`,
-keeps nothing per case, and so also runs after `--devices` workers, here in the driver's process.
-`after_all` hooks run in registration order.
+- a case that leaves this process's CUDA context unusable (`poisons_context`): with a `fallback`
+  (moebench.parallel.workers.isolated, which the CLI hands in) the rest of the run goes on in fresh
+  child processes, and no after-all pass runs here. `--isolate` runs every case in a child from
+  the start (the CLI's `workers`).
 """
 
 from __future__ import annotations
@@ -85,10 +70,9 @@ class Finished:
 
 @dataclass
 class Profiling:
-    """A pass over every timed case has started, after all timing: nvbench's, then the profiler's
-    (CUPTI kernel times)."""
+    """A pass's after-all hook has started (its `announce` line)."""
 
-    what: str = "profiler pass (CUPTI kernel times)"
+    what: str
 
 
 @dataclass

@@ -1,25 +1,19 @@
 """The device noise model: the between-process term of a case's stated interval, measured.
 
 A run's stated 95% half-width (timing.rel_noise) is its within-run interval with a run-to-run term
-added in quadrature. That term cannot be sampled inside one process: on an H200 a case's value
-moved by up to 17% between fresh processes while every placement group of each run agreed within
-~0.5% (results/h200/TIMER.md, "Between processes"). So it is measured: N fresh-process runs of a
-sweep (scripts/repro.py run), and per case the half-width a single run must add so that any two of
-those runs agree within sqrt(ha² + hb²) and `compare` calls none of their differences SLOWER
-(`calibrate`: (max - min) / min / sqrt(2), floored at timing.rerun_rel). The result is a small JSON
-file per sweep and device, e.g. results/h200/noise/count-block.json:
+added in quadrature. That term cannot be sampled inside one process (results/h200/TIMER.md,
+"Between processes"), so it is measured over fresh-process runs of a sweep (scripts/repro.py
+calibrate) into a small JSON file per sweep and device, e.g. results/h200/noise/count-block.json:
 
     {"device": "NVIDIA H200", "sweep": "count-block", "commit": "...", "runs": 6,
      "method": {timing settings of the runs}, "floor": 0.005, "calibrated_on": [{"file", "sha256"}],
      "cases": {case_id: {"label", "params", "spread_rel", "rerun_rel"}}}
 
 The timer adds max(timing.rerun_rel, the case's rerun_rel) when a model is in force
-(`NoiseModel.term`). Which model a run uses is the timing setting `noise`: `auto` (the default:
+(`NoiseModel.term`). The timing setting `noise` picks the model: `auto` (the default:
 results/<device-slug>/noise/<sweep>.json under the repository root, when it exists and was measured
 on this GPU), `none`, or a path. The file is data: only its numbers are read; a malformed one is a
-one-line error (exit 2).
-
-No torch import.
+one-line error (exit 2). No torch import.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from moebench.errors import SpecError, UsageError
 
@@ -252,18 +246,7 @@ def for_timer(timing, device) -> NoiseChoice:
                                 timing=timing))
 
 
-# ----------------------------------------------------------------------------------- measuring
-
-
-def pair_term(values: Sequence[float]) -> float:
-    """The relative half-width each run must state so that any two agree: (max - min) / min / sqrt(2),
-    rounded up to 5 decimals (as records state it). Relative to the smaller value, not the mean, so
-    that both tests hold for every pair i, j with h = median x term: |mi - mj| <= sqrt(hi² + hj²)
-    (the coverage of the intervals), and |mi - mj| / base <= sqrt(2) x term (compare's noise with
-    either run as BASE), so the gate cannot call a change within the measured spread SLOWER."""
-    if len(values) < 2 or min(values) <= 0:
-        return 0.0
-    return math.ceil((max(values) - min(values)) / min(values) / math.sqrt(2) * 1e5) / 1e5
+# ----------------------------------------------------------------------------------- the term
 
 
 def within_part(rel: float, within: float | None, rerun: float | None) -> float:
@@ -283,49 +266,6 @@ def restated(rel: float, within: float | None, rerun: float | None, model: Noise
     rerun = rerun or 0.0
     term, _ = model.term(case_id, rerun)
     return math.hypot(within, term)
-
-
-def calibrate(runs: Sequence[tuple[str, str, dict, list]], *, floor: float | None = None) -> dict:
-    """A noise model document from N >= 2 runs of one sweep on one device: `runs` is
-    (name, sha256, provenance, records) per run. Per case timed in at least two runs: spread_rel =
-    (max - min) / min, rerun_rel = max(floor, pair_term) = max(floor, spread_rel / sqrt(2)). `floor`: default the runs' timing.rerun_rel."""
-    if len(runs) < 2:
-        raise UsageError(f"calibrate: {len(runs)} run(s) of this sweep; at least 2 are needed")
-    provs = [p for _, _, p, _ in runs]
-    devices = {(p.get("device") or {}).get("name") for p in provs}
-    sweeps = {p.get("sweep") for p in provs}
-    if len(devices) != 1 or len(sweeps) != 1:
-        raise UsageError(f"calibrate: the runs mix devices {sorted(map(str, devices))} or sweeps "
-                         f"{sorted(map(str, sweeps))}; a model is per sweep and device")
-    timing = provs[0].get("timing") or {}
-    if floor is None:
-        floor = float(timing.get("rerun_rel") or 0.005)
-    values: dict[str, list[float]] = {}
-    first: dict[str, Any] = {}
-    for _, _, _, recs in runs:
-        for r in recs:
-            m = r.timing.get("median_us") if r.status == "ok" else None
-            if isinstance(m, (int, float)) and m > 0:
-                values.setdefault(r.case_id, []).append(float(m))
-                first.setdefault(r.case_id, r)
-    cases = {}
-    for cid, vs in values.items():
-        if len(vs) < 2:
-            continue
-        r = first[cid]
-        cases[cid] = {"label": r.label, "params": {k: v for k, v in r.params.items() if v is not None},
-                      "runs": len(vs), "spread_rel": round((max(vs) - min(vs)) / min(vs), 5),
-                      "rerun_rel": max(floor, pair_term(vs))}
-    if not cases:
-        raise UsageError(f"calibrate: no case of {sorted(map(str, sweeps))[0]} was timed in two runs (runs without "
-                         "a GPU time nothing)")
-    commits = sorted({str(p.get("git_commit")) for p in provs})
-    return {"device": devices.pop(), "sweep": sweeps.pop(), "commit": commits[0] if len(commits) == 1 else None,
-            "commits": commits, "runs": len(runs),
-            "method": {k: v for k, v in timing.items() if k != "noise"}, "floor": floor,
-            "rule": "rerun_rel = max(floor, (max - min) / min / sqrt(2)) over the runs' medians",
-            "calibrated_on": [{"file": n, "sha256": s} for n, s, _, _ in runs],
-            "cases": dict(sorted(cases.items()))}
 
 
 def page_line(prov: dict, records: list) -> str | None:

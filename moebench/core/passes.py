@@ -1,41 +1,27 @@
 """Passes: measurements beside moebench's own timing, registered on the run driver
 (moebench.core.driver), the way tritonbench registers metrics.
 
-A pass is a subclass of `Pass` registered with `@register`. It declares
+A pass is a module-level subclass of `Pass` (the workers get their passes pickled), registered
+with `@register`, in this module or a plugin file. It declares
 
 - `name`: what `--cross-check NAME` asks for, and what the provenance lists when it ran;
-- where it can run: `cuda_only` (needs a timed run on a CUDA device: refused under the
-  interpreter and in `verify`), `in_workers` (can run inside the per-GPU workers of
-  `--devices`); the driver refuses any other combination with a UsageError (exit 2) before the
-  first case, so a pass that is listed in the provenance always ran;
+- where it can run: `cuda_only` (needs a timed run on a CUDA device), `in_workers` (can run inside
+  the per-GPU workers of `--devices`); `select` refuses any other combination with a UsageError
+  (exit 2) before the first case, so a pass listed in the provenance always ran;
 - `keeps_graphs`: the timer keeps each case's captured graphs (and the copies they read) for it;
-- `keeps_cases`: its `after_all` needs what `after_case` kept in the process that timed the case
-  (graphs, closures): then the case's memory lives until `after_all` and `release` (a pass
-  without it lets each case's graphs and input copies go when the case ends);
+- `keeps_cases`: its `after_all` needs what `after_case` kept in the process that timed the case,
+  so the case's memory lives until `release`;
+- `announce`: the progress line while its `after_all` runs; `unavailable()`: why it cannot run on
+  this machine (a missing package), or None;
 
 and implements either hook or both:
 
-- `after_case(ctx: CaseDone)`: right after a case was timed (in an untimed run: right after its
-  checks; `ctx.timed` says which), in the process that ran it (a worker, with `--devices`); `ctx`
-  has the case, its record, group 0's built closures, the graphs the timer kept for this pass, the
-  copies they read and the launches per graph;
-- `after_all(ctx: AfterAll)`: after every case, in the driver's process (with `--devices`: after
-  every worker has finished); `ctx` has the spec, the device, the options, every case and every
-  record (resumed ones too), and `pipeline`, the driver's case pipeline, to rebuild a case's inputs
-  in this process (None with workers). It may add fields to any record: entries of `record.cross`,
-  or a dict of its own (a `counters` dict, say) set on the record's `work` or `cross`;
+- `after_case(ctx: CaseDone)`: right after a case was timed (untimed: after its checks), in the
+  process that ran it (a worker, with `--devices`);
+- `after_all(ctx: AfterAll)`: after every case, in the driver's process, in registration order
+  (nvbench before the profiler: CUPTI disturbs later replays); it may add fields to any record
+  (entries of `record.cross`, or a dict of its own on `work` or `cross`);
 - `release()`: drop what it kept; the driver calls it after `after_all`.
-
-`unavailable()` says in one line why the pass cannot run on this machine (a missing package), or
-None. `announce`: the progress text shown while its `after_all` runs.
-
-Adding a pass: subclass `Pass`, set its `name` and where it runs, implement a hook,
-decorate it with `@register`. `Counters` below is one that re-runs cases under Nsight Compute in a
-child process: `in_workers = True` (its `after_all` runs in the driver's process and needs nothing the
-workers kept), and `cuda_only = False`, since on a machine without counters its columns say what is
-missing instead of the run being refused. `after_all` hooks run in
-registration order (nvbench before the profiler: CUPTI disturbs later replays). A pass class
-must be importable by name (a module-level class), since the workers get their passes pickled.
 """
 
 from __future__ import annotations
@@ -158,8 +144,7 @@ def select(names, *, backend: str, timed: bool, workers: bool) -> list[Pass]:
 class DoBench(Pass):
     """triton's do_bench_cudagraph on the same closures, right after our own timing. The profiler
     pass runs later, after every case: once the PyTorch profiler (CUPTI) has been started in a
-    process, do_bench_cudagraph read up to ~20% high on the H200 in every later case, while the
-    first case, timed before any profiling, agreed within 0.3% (results/h200/TIMER.md)."""
+    process, do_bench_cudagraph reads high in every later case (results/h200/TIMER.md)."""
 
     name = "dobench"
 

@@ -4,36 +4,22 @@
          -> reset/poison -> run once -> verify (torch reference, what it did to its inputs, baseline
          launch) -> time (moebench.core.placements.Timer) -> the passes' per-case hooks -> Record
 
-`CasePipeline.run_case` runs one case; the run driver (moebench.core.driver) runs the cases of a
-sweep, verify, resume, ab and every per-GPU worker through it. It never prints. A case that fails
-is recorded with its error and the run goes on; a case whose kernel source is missing (an upstream
-kernel not installed here) is recorded as `unavailable` with what to install.
+`CasePipeline.run_case` runs one case for the run driver (moebench.core.driver); it never prints.
+A case that fails is recorded with its error and the run goes on; a case whose kernel source is
+missing is `unavailable`, with what to install. A bad variant fails only its own cases: the
+variants of a shape share its input sets, so set 0 is copied as built (`_Pristine`) and put back
+before each variant, and a variant that wrote outside its output (the poisoned guard cells) or into
+an input fails with that said. Under the interpreter a kernel that names something undefined fails
+its case (a GPU would not compile it), and a checked launch that ran no program is `vacuous`.
 
-A bad variant fails only its own cases: the variants of a shape share its input sets, so set 0 is
-copied as built (`_Pristine`) and put back before each variant, and a variant that wrote outside its
-output (the poisoned guard cells) or into an input fails with that said, while the others pass. A
-`sys.exit()` or `os._exit()` in a builder, launch or input builder is that case's error, and a
-plugin's error names its FILE:LINE. A background input build still running at the case limit is
-left behind (moebench.core.prefetch), so neither the next shape nor the end of the run waits for
-it. A crash of the process itself is the driver's business (`--isolate`).
-
-Under the interpreter a check can pass without proving anything: a kernel whose code names
-something undefined fails the case (a GPU would not compile it), and a checked launch that ran no
-program of its kernels is `vacuous` (a mismatch), not exact.
-
-Each launch value is resolved once per case, in `resolve`: the spec's value, a kill-switch variable
-(MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) read from the injected `environ` or its
-shipped default, the SM count for a grid of 0. The record carries the value in `launch` and where
-it came from in `launch_from`; every reader uses that field.
-
-The timer and the clock are constructor arguments (real ones by default): a test hands in a
-Timer with a scripted clock instead of patching this module.
+The record carries each launch value in `launch` and where it came from in `launch_from`
+(FamilySpec.resolve, once per case). The timer and the clock are constructor arguments: a test hands
+in a Timer with a scripted clock instead of patching this module.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 import traceback
@@ -43,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from moebench.core.cases import Case, baseline_case, shape_key
-from moebench.core.device import DeviceInfo, interpreter_without_discarded_checks
+from moebench.core.device import DeviceInfo
 from moebench.core.family import Check
 from moebench.core.passes import CaseDone, Pass
 from moebench.core.placements import Placements, Timer, floors, occupancy
@@ -52,7 +38,7 @@ from moebench.core.spec import Spec, Timing
 from moebench.core.text import one_line
 from moebench.core.tritonpatch import launches, specializations, undefined_names
 from moebench.errors import Unavailable
-from moebench.sources.plugins import user_code, where_in_plugin
+from moebench.sources.plugins import time_limit, user_code, where_in_plugin
 
 # Each shape's checked input set (set 0) is copied as built, so that what one variant does to it (a
 # store past its output into the poisoned guard cells, a write into an input) is undone before the
@@ -77,12 +63,6 @@ class Options:
 # ----------------------------------------------------------------------------------- resolving
 
 
-def resolve(spec: Spec, case: Case, device: DeviceInfo, environ: Mapping[str, str]) -> tuple[dict, dict]:
-    """The parameters a case's kernel runs with, and where each launch value came from
-    (FamilySpec.resolve)."""
-    return spec.family.resolve(case.variant, case.params, device, environ, case.origins)
-
-
 def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ: Mapping[str, str],
                       resolve_case: Callable[[Case], tuple[dict, dict]] | None = None) -> None:
     """Resolve one case of each variant (and the baseline launch) up front, so a malformed
@@ -91,10 +71,7 @@ def check_environment(spec: Spec, cases: list[Case], device: DeviceInfo, environ
     read by this run's variants or not: each is part of the settings a record is resumed under.
     Torch-free: it only resolves. `resolve_case` (a CasePipeline's) keeps what it resolved, so those
     cases are not resolved again when they run."""
-    if resolve_case is None:
-        def resolve_case(c: Case) -> tuple[dict, dict]:
-            return resolve(spec, c, device, environ)
-
+    resolve_case = resolve_case or (lambda c: spec.family.resolve(c.variant, c.params, device, environ, c.origins))
     seen = set()
     for c in cases:
         if c.variant not in seen:
@@ -136,27 +113,6 @@ def case_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {one_line(e)}{at}"
 
 
-@contextmanager
-def _time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise CaseTimeLimit in this (main) thread once `seconds` have passed, and every second after
-    that in case something swallowed the first one; a no-op without a limit or off the main thread."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(_signum, _frame):
-        raise CaseTimeLimit(f"still running after {seconds:g} s under the Triton interpreter (--case-limit); "
-                            "shrink the shape or raise the limit")
-
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 # ----------------------------------------------------------------------------------- the pipeline
 
 
@@ -195,8 +151,6 @@ class CasePipeline:
         self.events: list = []  # Retimed events of the case running, for the driver to hand on
         self.phases: dict[str, float] = defaultdict(float)  # wall seconds per phase of the cases
         self._phase_lock = threading.Lock()
-        if device.backend == "interpret":
-            interpreter_without_discarded_checks()
 
     @property
     def jit_specializations(self) -> int:
@@ -213,7 +167,10 @@ class CasePipeline:
                 if self.fam.host_only:
                     rec.work = self.fam.builder(case.variant)(params)
                     return rec
-                with _time_limit(self.opts.case_limit_s if self.device.backend == "interpret" else None):
+                limit = self.opts.case_limit_s if self.device.backend == "interpret" else None
+                with time_limit(limit, lambda: CaseTimeLimit(
+                        f"still running after {limit:g} s under the Triton interpreter (--case-limit); shrink the "
+                        "shape or raise the limit"), every=1.0):
                     self._kernel_case(case, params, rec)
         except KeyboardInterrupt:
             raise
@@ -285,7 +242,7 @@ class CasePipeline:
         launch of its shape all read the same resolution."""
         key = (case.id, tuple(sorted((case.origins or {}).items())))
         if key not in self._resolved:
-            self._resolved[key] = resolve(self.spec, case, self.device, self.environ)
+            self._resolved[key] = self.fam.resolve(case.variant, case.params, self.device, self.environ, case.origins)
         params, sources = self._resolved[key]
         return dict(params), dict(sources)
 

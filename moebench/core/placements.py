@@ -48,11 +48,10 @@ class Placements:
         """How many independently allocated input/output sets the graph rotates through.
 
         cold: enough sets that their total exceeds `cold_l2_multiple` x L2, so each launch reads
-        from DRAM. warm: `placements` sets (default 8) as long as they all stay L2-resident. The
-        warm rotation exists because a tiny output (32 int32 counters = one 128-byte line) lives
-        in one L2 slice, and which slice a process's allocation maps to moves a launch-bound
-        atomic kernel by up to ~30% from run to run on an H200; rotating several placements
-        averages that out inside every graph."""
+        from DRAM. warm: `placements` sets (default 8) as long as they all stay L2-resident: a tiny
+        output (32 int32 counters, one 128-byte line) lives in one L2 slice, which slice moves a
+        launch-bound atomic kernel from run to run, and rotating several placements averages that
+        out inside every graph."""
         t = self.timing
         if not self.time_it or not self.device.l2_bytes:
             return 1

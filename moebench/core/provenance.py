@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from moebench import __version__
-from moebench.core.cases import baseline_case, expand
+from moebench.core.baseline import baseline_ids
+from moebench.core.cases import expand
 from moebench.core.spec import PACKAGE_ROOT
 from moebench.sources import plugins, upstream
 
-# Where the tree has no .git of its own (copied to a GPU machine), the commit it was copied from;
-# MOEBENCH_GIT_COMMIT is the older name, still read.
-COMMIT_ENV = ("MOEBENCH_COMMIT", "MOEBENCH_GIT_COMMIT")
+# Where the tree has no .git of its own (copied to a GPU machine), the commit it was copied from
+COMMIT_ENV = "MOEBENCH_COMMIT"
 
 
 def _is_moebench_checkout(top: Path) -> bool:
@@ -51,9 +51,8 @@ def git_commit() -> str | None:
     changes) of the git repository that holds this package, and only when that repository is
     moebench's own (a copy of the tree without its .git that sits inside another repository would
     otherwise name that repository's commit); else None (provenance then says "unknown")."""
-    for var in COMMIT_ENV:
-        if os.environ.get(var, "").strip():
-            return os.environ[var].strip()
+    if os.environ.get(COMMIT_ENV, "").strip():
+        return os.environ[COMMIT_ENV].strip()
     where = PACKAGE_ROOT
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True,
@@ -142,12 +141,13 @@ def summary_fields(summary) -> dict:
 
 
 def case_map(spec, *, quick: bool, verify: bool) -> dict[str, str | None] | None:
-    """The whole matrix of a run (every shard's cases), in order: case id -> id of the baseline
-    launch at its shape (None without a baseline). Kept in provenance.cases so that `merge`
-    counts missing cases, orders records and reads each against its baseline without the spec."""
+    """The whole matrix of a run (every shard's cases), in order: case id -> id of the case that is
+    the baseline launch at its shape (baseline_ids; None where there is none). Kept in
+    provenance.cases so that `merge` counts missing cases, orders records and reads each against
+    its baseline without the spec."""
     try:
         cases = expand(spec, quick=quick, verify=verify, force=True)
-        return {c.id: baseline_case(spec, c).id if spec.baseline else None for c in cases}
+        return baseline_ids(spec, [(c.id, c.variant, c.params) for c in cases])
     except Exception:  # noqa: BLE001 - provenance stands without it; merge then says it cannot count
         return None
 
@@ -179,9 +179,9 @@ def run_settings(spec, device, *, timed: bool, cross: Iterable[str], environ: Ma
 def _source_sha(source: str) -> str | None:
     """sha256 of the plugin code behind a variant's or family's source ('plugin FILE', or 'plugin
     MODULE (entry point NAME)'): the file, and every module loaded now (sys.modules) from a file
-    under that file's folder, moebench's own package aside, so that editing a module a plugin
-    imports re-runs its cases too (installed libraries and the standard library aside: those are
-    not the plugin's code). None for built-in and upstream code."""
+    under that file's folder, so that editing a module the plugin reads re-runs its cases too
+    (moebench, installed libraries and the standard library aside: not the plugin's code). None
+    for built-in and upstream code."""
     if not isinstance(source, str) or not source.startswith("plugin "):
         return None
     what = source[len("plugin "):]

@@ -29,25 +29,9 @@ MAX_SPEC_BYTES = 4 * 2**20
 # Values end up as kernel arguments and tensor sizes: they must fit a signed 64-bit integer.
 INT64_MAX = 2**63 - 1
 
-TOP_KEYS = {
-    "name": "sweep name (string)",
-    "family": "kernel family",
-    "description": "free text",
-    "model": "model config name (configs/NAME.yaml)",
-    "variants": "list of variant names or {variant, label, params, axes}",
-    "baseline": "{variant: NAME, PARAM: VALUE...}: the launch every variant must equal bit-exactly",
-    "axes": "PARAM: [values...] (cartesian product)",
-    "zip": "list of {PARAM: [values...]} groups whose lists advance together",
-    "fixed": "PARAM: value",
-    "where": "filter expression(s) over parameters",
-    "quick": "overrides for the CI smoke shape: axes, zip, fixed, where, variants",
-    "pivot": "{rows: PARAM, cols: PARAM, metric: COLUMN}",
-    "timing": "timer settings",
-    "seed": "default input seed",
-    "verify": "correctness matrix: axes, zip, fixed, where, variants, quick",
-    "max_cases": "refuse to expand past this many cases without --force",
-    "plugins": "list of Python files (relative to this spec) that register variants or families",
-}
+# the keys of a spec's top level (what each holds: `Spec` and the `_Loader` checks below)
+TOP_KEYS = ("name", "family", "description", "model", "variants", "baseline", "axes", "zip", "fixed", "where",
+            "quick", "pivot", "timing", "seed", "verify", "max_cases", "plugins")
 
 MODEL_KEYS = ("name", "num_experts", "topk", "hidden", "moe_ffn", "moe_layers", "ep", "local_experts")
 

@@ -57,10 +57,9 @@ def capture(fns: Sequence[Launch], launches: int, warmup: int, fresh: bool = Tru
     launches into one CUDA graph. `fresh`: before capturing, hand the allocator's free cached
     blocks back to the driver, as `torch.cuda.graph` does on entering; `time_groups` does that for
     a case's first graph only (its further graphs come right after, with nothing freed between).
-    `torch.cuda.graph` also runs a full garbage collection first: on an H200 one took ~75 ms,
-    1.5 s of count-block's cases even once per case (results/h200/TIMER.md). Here the young
-    generations are collected, and the whole heap only when the allocator holds over a quarter of
-    the device's memory (garbage cycles could be holding input copies)."""
+    `torch.cuda.graph` also runs a full garbage collection first, which costs seconds of a sweep
+    (results/h200/TIMER.md); here the young generations are collected, and the whole heap only when
+    the allocator holds over a quarter of the device's memory (cycles could hold input copies)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -1,38 +1,24 @@
-"""Every place moebench changes Triton's own code (or the interpreter's exit), in one module: what
-each change does, why, what it was measured to save, and the variable that turns it off. And the
-one place moebench asks Triton what it compiled.
+"""Every place moebench changes Triton's own code (or the interpreter's exit), in one module, and
+the one place moebench asks Triton what it compiled and launched.
 
-| patch | what it replaces | where it applies | measured saving | off switch |
-|---|---|---|---|---|
-| `key_cache` | `triton.runtime.cache.triton_key` | GPU runs | 0.4-0.8 s per process on an H200 | `MOEBENCH_TRITON_KEY_CACHE=0` |
-| `lang_once` | `triton.runtime.interpreter._patch_lang` | interpreter | `verify count-block` 351 s -> 87 s (2 CPU cores) | `MOEBENCH_LANG_PATCH_ONCE=0` |
-| `no_overflow_checks` | `interpreter_builder.options.sanitize_overflow` | interpreter, `debug` off | `verify count-block --quick` 5.3-8.0 s -> 2.7-2.8 s (2 shared CPU cores) | `MOEBENCH_OVERFLOW_CHECKS=1` |
-| `scalar_squeeze` | `triton.runtime.interpreter._patch_lang_tensor` | interpreter, triton <= 3.6 | a fix: without it such kernels fail under NumPy 2 | `MOEBENCH_SCALAR_SQUEEZE=0` |
-| `fast_exit` | the interpreter's shutdown (`os._exit`) | every command | 0.52-0.63 s -> 0.13-0.18 s on an H200 | `MOEBENCH_FAST_EXIT=0` |
+`PATCHES` lists each change: what it replaces, why, what it was measured to save (results/h200/
+TIMER.md, "Where each command's time goes", "On the CPU") and the variable that turns it off;
+`MOEBENCH_TRITON_PATCHES=0` turns every one off at once. None touches what a compiled kernel
+computes; each section below says why it changes no result. Tested on triton 3.6 and 3.9
+(tests/core/test_tritonpatch.py, tests/core/test_interpret.py; `make compat` runs them on 3.6).
 
-`MOEBENCH_TRITON_PATCHES=0` turns every one of them off at once (to rule them out when Triton
-misbehaves). The figures come from results/h200/TIMER.md ("Where each command's time goes", "On
-the CPU"); each patch's section below says what it changes and why it changes no result. None
-touches what a compiled kernel computes. Tested on triton 3.6 and 3.9 (tests/core/test_tritonpatch.py,
-tests/core/test_interpret.py; `make compat` runs them on 3.6).
+**Compile accounting** (`specializations()`) asks Triton which kernels it prepared while a block
+ran: on a GPU, Triton's `knobs.runtime.jit_post_compile_hook` (called once per specialization this
+process compiled or loaded from the disk cache; never for an in-memory cache hit). Under
+TRITON_INTERPRET=1 nothing compiles: the interpreter rewrites each `@triton.jit` function's source
+once (`InterpretedFunction.rewritten_fn`), so there a "specialization" is a function (a kernel, a
+helper, or one of triton.language's own) prepared for the first time, and constexpr values make
+no new one.
 
-**Launch accounting** is not a patch either: under the interpreter `launches()` records each kernel
-a block launched and how many programs it ran (Triton's GridExecutor and the interpreter builder's
-`set_grid_dim`, wrapped once, calling through), and `undefined_names` reads a kernel's code for
-global names that do not exist (a GPU's compile fails on those; the interpreter only when the line
-runs). The case pipeline tells from them a kernel that would not compile, or a launch that ran
-nothing, from one that passed its check.
-
-**Compile accounting** is not a patch: `specializations()` asks Triton which kernels it prepared
-while a block ran. On a GPU that is Triton's `knobs.runtime.jit_post_compile_hook` (3.6 to 3.9:
-called once per new entry of a JIT function's per-device kernel cache, i.e. once per
-specialization this process compiled or loaded from the disk cache; never for a launch that hits
-the in-memory cache). Under TRITON_INTERPRET=1 nothing compiles and nothing is specialized: the
-interpreter's only per-process preparation is rewriting each `@triton.jit` function's source once
-(`InterpretedFunction.rewritten_fn`), so there a "specialization" is one function (a kernel, a
-helper, or one of triton.language's own such as `tl.cdiv`) the interpreter prepared for the first
-time, on the first launch that calls it; that launch's seconds are its `compile_s`. Constexpr
-values make no new one there (a GPU compiles one per value).
+**Launch accounting**: under the interpreter `launches()` records each kernel a block launched and
+how many programs it ran (GridExecutor and `set_grid_dim`, wrapped once, calling through), and
+`undefined_names` reads a kernel's code for global names that do not exist (a GPU's compile fails
+on those; the interpreter only when the line runs).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from moebench.analysis.comparable import differences
 from moebench.analysis.pages import page_spec
-from moebench.core.baseline import set_delta
+from moebench.core.baseline import add_deltas
 from moebench.core.records import Record, load_results
 from moebench.errors import UsageError
 
@@ -127,7 +127,8 @@ def merge_results(paths: Sequence[Path]) -> Merged:
     m.records = sorted(records.values(),
                        key=lambda r: (order.get(r.case_id, len(order)), first_seen[r.case_id]))
     if cmap is not None:
-        _baseline_deltas(m.records, cmap, m.spec)  # a shape's baseline may have run in another shard
+        # a shape's baseline may have run in another shard
+        add_deltas(m.records, cmap, m.spec.model.get("moe_layers"), m.spec.family)
 
     commits = sorted({str(prov.get("git_commit")) for _, prov, _ in loaded})
     if len(commits) > 1:
@@ -144,16 +145,6 @@ def _case_map(loaded: list) -> dict | None:
     if any(not isinstance(c, dict) for c in maps) or any(c != maps[0] for c in maps[1:]):
         return None
     return maps[0]
-
-
-def _baseline_deltas(records: list, baseline_of: dict, spec) -> None:
-    """Read every timed record against the baseline launch of its shape (found by the baseline case
-    id the files list), as a sweep does: speedup, Δµs and the per-step projection."""
-    by_id = {r.case_id: r for r in records}
-    layers = spec.model.get("moe_layers")
-    for r in records:
-        b = by_id.get(baseline_of.get(r.case_id) or "")
-        set_delta(r, b.timing.get("median_us") if b is not None and b.status == "ok" else None, layers, spec.family)
 
 
 def _merged_provenance(loaded: list, commits: list[str]) -> dict:

@@ -19,19 +19,18 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Iterable, Iterator, Mapping, Sequence, TYPE_CHECKING
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from moebench.core import device as dev
 from moebench.core.cases import Case
+from moebench.core.driver import Driver, poisons_context
 from moebench.core.family import catalogue
+from moebench.core.passes import Pass
+from moebench.core.pipeline import Options
 from moebench.core.records import Record
 from moebench.core.spec import Spec, load_spec
 from moebench.core.text import one_line
 from moebench.errors import BackendError, UsageError
-
-if TYPE_CHECKING:  # pragma: no cover - they import torch, which a worker imports only after pinning its GPU
-    from moebench.core.passes import Pass
-    from moebench.core.pipeline import Options
 
 
 def _visible_gpus() -> list[str]:
@@ -83,17 +82,30 @@ def parse_devices(text: str) -> list[int]:
     return picked
 
 
-def pool(spec: Spec, devices: Sequence[int], opts: "Options", *, isolate: bool = False):
-    """The run driver's `workers` for these GPUs: a callable (cases, passes, environ) -> records.
-    `isolate`: a worker that dies (or leaves after a CUDA error) is replaced by a fresh one."""
+def pool(spec: Spec, devices: Sequence[int], opts: Options, *, isolate: bool = False):
+    """The run driver's `workers` for these GPUs of this node: a callable (cases, passes, environ)
+    -> records as they finish, one worker process per GPU. `devices` are indices as this process
+    sees them (inside CUDA_VISIBLE_DEVICES, if set). `isolate`: a worker that dies (or leaves after
+    a CUDA error) is replaced by a fresh one."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
+    keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
 
-    def run(cases: Sequence[Case], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator[Record]:
-        return run_on_devices(spec, cases, devices, opts=opts, passes=passes, environ=environ, respawn=isolate)
+    def run(cases: Sequence[Case], passes: Sequence[Pass], environ: Mapping[str, str]) -> Iterator[Record]:
+        torch = sys.modules.get("torch")
+        if torch is not None:  # what this process cached (the ceilings' 4 GiB copy) is the workers' memory
+            try:
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
+            except RuntimeError:  # this process's context is gone (a CUDA error): the workers start afresh anyway
+                pass
+        return _run_workers(spec, cases, keys, False, opts=opts, labels=[f"GPU {d}" for d in devices], passes=passes,
+                            environ=environ, respawn=isolate)
 
     return run
 
 
-def isolated(spec: Spec, opts: "Options", backend: str):
+def isolated(spec: Spec, opts: Options, backend: str):
     """The run driver's `workers` for `--isolate` on one device: the cases run one at a time in a
     child process, so a case that crashes it (a segfault, an abort, a CUDA error that poisons the
     context) or hangs past the case limit is recorded as failed with what happened, and a fresh
@@ -102,7 +114,7 @@ def isolated(spec: Spec, opts: "Options", backend: str):
     if backend == "cuda":
         return pool(spec, [0], opts, isolate=True)
 
-    def run(cases: Sequence[Case], passes: Sequence["Pass"], environ: Mapping[str, str]) -> Iterator[Record]:
+    def run(cases: Sequence[Case], passes: Sequence[Pass], environ: Mapping[str, str]) -> Iterator[Record]:
         return _run_workers(spec, cases, ["isolated"], True, opts=opts, labels=["CPU (isolated)"], passes=passes,
                             environ=environ, respawn=True)
 
@@ -112,28 +124,6 @@ def isolated(spec: Spec, opts: "Options", backend: str):
 # A child still holding a case this long after the case limit (its own alarm did not stop it: a
 # hang in C code) is killed by the parent.
 WATCHDOG_GRACE_S = 10.0
-
-
-def run_on_devices(spec: Spec, cases: Sequence[Case], devices: Sequence[int], *,
-                   opts: "Options", passes: Sequence["Pass"] = (),
-                   environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
-    """Run cases on several GPUs of this node, one worker process per GPU; yield records as they finish
-    (in completion order). A worker that dies is reported as an error record for the case it held,
-    and the others drain the rest (`respawn`: a fresh worker takes its place). The cases travel as
-    they are, already expanded."""
-    if "torch" in sys.modules:  # what the parent cached (the ceilings' 4 GiB copy) is the workers' memory
-        import torch
-
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.empty_cache()
-        except RuntimeError:  # this process's context is gone (a CUDA error): the workers start afresh anyway
-            pass
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    entries = [e.strip() for e in visible.split(",")] if visible is not None else None
-    keys = [entries[d] if entries is not None and d < len(entries) else str(d) for d in devices]
-    yield from _run_workers(spec, cases, keys, interpret=False, opts=opts, labels=[f"GPU {d}" for d in devices],
-                            passes=passes, environ=environ, respawn=respawn)
 
 
 @dataclass
@@ -155,9 +145,9 @@ class _Worker:
 
 
 def _run_workers(spec: Spec, cases: Sequence[Case], worker_keys: Sequence[str], interpret: bool, *,
-                 opts: "Options", labels: Sequence[str] | None = None, passes: Sequence["Pass"] = (),
+                 opts: Options, labels: Sequence[str] | None = None, passes: Sequence[Pass] = (),
                  environ: Mapping[str, str] | None = None, respawn: bool = False) -> Iterator[Record]:
-    """The worker pool behind run_on_devices, with the backend as a parameter so it runs on the CPU.
+    """The worker pool behind `pool` and `isolated`, with the backend as a parameter so it runs on the CPU.
 
     One spawned process per key: a CUDA_VISIBLE_DEVICES value (interpret=False) or just a name
     (interpret=True: the kernels run under TRITON_INTERPRET=1, device info from detect(True)).
@@ -358,8 +348,6 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
         os.environ["CUDA_VISIBLE_DEVICES"] = key
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the workers
     try:
-        from moebench.core.driver import Driver, poisons_context  # imports torch: after the GPU is pinned
-
         # the parent's plugin files ($MOEBENCH_PLUGINS) first: the passes and variants they register
         # are unpickled below, and a spec's plugins: naming one of them then finds it loaded
         # (loading the spec first would load it again from inside itself, when it asks for its
@@ -372,7 +360,7 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
                              f"expected {spec_sha256[:12]})")
         spec.timing = opts.timing  # the parent's (an --l2 override lives there)
         device = dev.detect(interpret)
-        clocks = None if interpret else _nvml_index()
+        clocks = None if interpret else _nvml_index(device.uuid)
         driver = Driver(spec, device, opts, environ=environ, passes=passes)
         if clocks is not None:
             driver.pipeline.timer.clock_index = clocks
@@ -404,21 +392,14 @@ def _worker_main(key: str, interpret: bool, spec_path: str, spec_sha256: str, pa
     conn.close()
 
 
-def _nvml_index() -> int | None:
-    """This worker's GPU as NVML numbers it.
-
-    NVML numbers GPUs physically and ignores CUDA_VISIBLE_DEVICES, so index 0 would read the
-    node's first GPU from every worker. Find this GPU's NVML index by UUID; None where NVML or the
-    UUID is unavailable."""
+def _nvml_index(want: str | None) -> int | None:
+    """The NVML index of the GPU whose UUID (NVML's spelling, GPU-...) is `want`: NVML numbers GPUs
+    physically and ignores CUDA_VISIBLE_DEVICES, so index 0 would read the node's first GPU from
+    every worker. None where NVML or the UUID is unavailable."""
     nv = dev._nvml()
-    if nv is None:
+    if nv is None or not want:
         return None
     try:
-        import torch
-
-        want = dev.gpu_uuid(torch.cuda.get_device_properties(0))  # NVML's spelling, GPU-...
-        if not want:
-            return None
         for i in range(nv.nvmlDeviceGetCount()):
             u = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))
             if (u.decode() if isinstance(u, bytes) else str(u)).lower() == want.lower():

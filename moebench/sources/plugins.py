@@ -36,6 +36,7 @@ import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 from moebench.errors import MoebenchError, UsageError
 
@@ -166,7 +167,7 @@ def _what(e: BaseException, limit: float, arrived: list) -> str | None:
 def _loading(limit: float, arrived: list):
     """A plugin loading: its time limit, os._exit as an error (user_code), and a note in `arrived`
     of any SIGINT or SIGTERM that really arrives meanwhile (the handler in force still runs)."""
-    with _time_limit(limit), user_code(), _noting_signals(arrived):
+    with time_limit(limit, _TooLong), user_code(), _noting_signals(arrived):
         yield
 
 
@@ -240,19 +241,21 @@ class _TooLong(BaseException):
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Stop the block after `seconds` (SIGALRM; the main thread only, elsewhere no limit). A timer
-    already running (a case's limit) is put back with what is left of it."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+def time_limit(seconds: float | None, stop: Callable[[], BaseException], every: float = 0.0):
+    """Raise stop() in the block once `seconds` have passed, and every `every` seconds after that
+    (in case something swallowed the first); SIGALRM, so on the main thread only (elsewhere, or
+    without a limit, no limit). A timer already running (a case's limit) is put back with what is
+    left of it."""
+    if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def stop(_signum, _frame):
-        raise _TooLong()
+    def alarm(_signum, _frame):
+        raise stop()
 
     t0 = time.monotonic()
-    old = signal.signal(signal.SIGALRM, stop)
-    before = signal.setitimer(signal.ITIMER_REAL, seconds)
+    old = signal.signal(signal.SIGALRM, alarm)
+    before = signal.setitimer(signal.ITIMER_REAL, seconds, every)
     try:
         yield
     finally:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from moebench.core import noise as N
+from moebench.core.records import Record
+from moebench.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "results" / "h200" / "count-block.json"
@@ -222,3 +224,51 @@ def test_fresh_ceilings_deletes_the_cached_ceilings_before_every_run(tmp_path, r
     seen.unlink()
     m = repro.run(2, ["count-block"], tmp_path / "e", [], python=str(fake), log=lambda s: None, fresh_ceilings=True)
     assert seen.read_text().split() == ["missing", "missing"] and m["runs"][1]["fresh_ceilings"]
+
+
+# ----------------------------------------------------------------------------------- calibrate
+
+
+def _runs(medians_per_run):
+    prov = {"device": {"name": "NVIDIA H200"}, "sweep": "s", "git_commit": "c0ffee", "timing": {"rerun_rel": 0.005}}
+    out = []
+    for i, meds in enumerate(medians_per_run):
+        recs = [Record("s", "count", cid, "p", "p", "ok", params={"tokens": 1}, timing={"median_us": m})
+                for cid, m in meds.items()]
+        out.append((f"run{i + 1}", f"sha{i}", prov, recs))
+    return out
+
+
+def test_calibrate_takes_the_worst_pair_over_sqrt2_floored(repro):
+    doc = repro.noise_model(_runs([{"a": 5.0, "b": 2.0}, {"a": 5.5, "b": 2.001}, {"a": 5.0, "b": 2.0}]))
+    a, b = doc["cases"]["a"], doc["cases"]["b"]
+    assert a["spread_rel"] == pytest.approx(0.1)
+    # (max - min) / min / sqrt(2), rounded up: 0.0707107 -> 0.07072
+    assert a["rerun_rel"] == 0.07072
+    assert b["rerun_rel"] == 0.005  # 0.05% apart: the floor
+    assert doc["runs"] == 3 and doc["commit"] == "c0ffee" and doc["device"] == "NVIDIA H200"
+    assert [c["file"] for c in doc["calibrated_on"]] == ["run1", "run2", "run3"]
+    # any two runs now agree within sqrt(ha^2 + hb^2) with h = median x term, and compare's noise
+    # sqrt(2) x term covers the change relative to either run as BASE
+    h = [m * a["rerun_rel"] for m in (5.0, 5.5)]
+    assert 0.5 <= math.hypot(*h)
+    assert 0.5 / 5.0 <= math.hypot(a["rerun_rel"], a["rerun_rel"])
+
+
+def test_calibrate_refuses_one_run_or_mixed_devices(repro):
+    with pytest.raises(UsageError, match="at least 2"):
+        repro.noise_model(_runs([{"a": 1.0}]))
+    runs = _runs([{"a": 1.0}, {"a": 1.0}])
+    runs[1] = (runs[1][0], runs[1][1], {**runs[1][2], "device": {"name": "other"}}, runs[1][3])
+    with pytest.raises(UsageError, match="mix devices"):
+        repro.noise_model(runs)
+    with pytest.raises(UsageError, match="was timed in two runs"):  # interpreter runs: nothing timed
+        repro.noise_model(_runs([{"a": None}, {"a": None}]))
+
+
+def test_a_calibrated_model_reads_back(repro, tmp_path):
+    doc = repro.noise_model(_runs([{"a": 5.0}, {"a": 5.5}]))
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(doc))
+    m = N.load(p, tmp_path)
+    assert m.cases == {"a": doc["cases"]["a"]["rerun_rel"]} and m.runs == 2 and m.sweep == "s"

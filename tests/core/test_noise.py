@@ -1,9 +1,8 @@
 """The measured noise model (moebench.core.noise): how a run finds it (auto path, another device's
 model ignored with a note, a malformed file is one line and exit 2, a case missing from it gets the
-default), the timer adding its term, the provenance and page line, and calibrate's arithmetic."""
+default), the timer adding its term, the provenance and page line."""
 
 import json
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -181,54 +180,6 @@ def test_the_bound_choice_pickles_with_the_timing(tmp_path):
     # a setting changed after binding is not silently served by the old choice
     again.noise = "none"
     assert N.bound(again) is None
-
-
-# ----------------------------------------------------------------------------------- calibrate
-
-
-def _runs(medians_per_run):
-    prov = {"device": {"name": "NVIDIA H200"}, "sweep": "s", "git_commit": "c0ffee", "timing": {"rerun_rel": 0.005}}
-    out = []
-    for i, meds in enumerate(medians_per_run):
-        recs = [Record("s", "count", cid, "p", "p", "ok", params={"tokens": 1}, timing={"median_us": m})
-                for cid, m in meds.items()]
-        out.append((f"run{i + 1}", f"sha{i}", prov, recs))
-    return out
-
-
-def test_calibrate_takes_the_worst_pair_over_sqrt2_floored():
-    doc = N.calibrate(_runs([{"a": 5.0, "b": 2.0}, {"a": 5.5, "b": 2.001}, {"a": 5.0, "b": 2.0}]))
-    a, b = doc["cases"]["a"], doc["cases"]["b"]
-    assert a["spread_rel"] == pytest.approx(0.1)
-    # (max - min) / min / sqrt(2), rounded up: 0.0707107 -> 0.07072
-    assert a["rerun_rel"] == 0.07072
-    assert b["rerun_rel"] == 0.005  # 0.05% apart: the floor
-    assert doc["runs"] == 3 and doc["commit"] == "c0ffee" and doc["device"] == "NVIDIA H200"
-    assert [c["file"] for c in doc["calibrated_on"]] == ["run1", "run2", "run3"]
-    # any two runs now agree within sqrt(ha^2 + hb^2) with h = median x term, and compare's noise
-    # sqrt(2) x term covers the change relative to either run as BASE
-    h = [m * a["rerun_rel"] for m in (5.0, 5.5)]
-    assert 0.5 <= math.hypot(*h)
-    assert 0.5 / 5.0 <= math.hypot(a["rerun_rel"], a["rerun_rel"])
-
-
-def test_calibrate_refuses_one_run_or_mixed_devices():
-    with pytest.raises(UsageError, match="at least 2"):
-        N.calibrate(_runs([{"a": 1.0}]))
-    runs = _runs([{"a": 1.0}, {"a": 1.0}])
-    runs[1] = (runs[1][0], runs[1][1], {**runs[1][2], "device": {"name": "other"}}, runs[1][3])
-    with pytest.raises(UsageError, match="mix devices"):
-        N.calibrate(runs)
-    with pytest.raises(UsageError, match="was timed in two runs"):  # interpreter runs: nothing timed
-        N.calibrate(_runs([{"a": None}, {"a": None}]))
-
-
-def test_a_calibrated_model_reads_back(tmp_path):
-    doc = N.calibrate(_runs([{"a": 5.0}, {"a": 5.5}]))
-    p = tmp_path / "s.json"
-    p.write_text(json.dumps(doc))
-    m = N.load(p, tmp_path)
-    assert m.cases == {"a": doc["cases"]["a"]["rerun_rel"]} and m.runs == 2 and m.sweep == "s"
 
 
 def test_the_page_line_names_the_model_and_the_cases_outside_it():

@@ -247,7 +247,7 @@ def _commit_in(root, env_extra=None):
     import subprocess
     import sys
 
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("MOEBENCH_COMMIT", "MOEBENCH_GIT_COMMIT")}
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MOEBENCH_COMMIT"}
     env.update(PYTHONPATH=str(root), **(env_extra or {}))
     r = subprocess.run([sys.executable, "-c", "from moebench.core.provenance import git_commit; print(git_commit())"],
                        cwd=root, env=env, capture_output=True, text=True, timeout=60)
@@ -277,7 +277,6 @@ def test_provenance_names_only_moebenchs_own_commit(tmp_path):
     got = _commit_in(copy)
     assert theirs[:12] not in got and got == "None"
     assert _commit_in(copy, {"MOEBENCH_COMMIT": "abc123"}) == "abc123"
-    assert _commit_in(copy, {"MOEBENCH_GIT_COMMIT": "def456"}) == "def456"
 
 
 def test_provenance_names_the_checkouts_commit():

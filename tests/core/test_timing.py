@@ -150,7 +150,7 @@ def test_the_timer_reports_the_mean_of_group_medians_with_their_interval():
     timer = Timer(spec.timing, run.placements, time_groups=fake_time_groups,
                   clocks=lambda i: {"sm_mhz": None, "sm_max_mhz": None})
     case = expand(spec, quick=True)[-1]
-    params, _ = S.resolve(spec, case, run.device, {})
+    params, _ = spec.family.resolve(case.variant, case.params, run.device, {}, case.origins)
     sets = run.inputs(case)
     builder = spec.family.builder(case.variant)
     rebuilt = []
@@ -282,12 +282,12 @@ def test_shape_major_keeps_first_appearance_order():
 def test_the_interpreter_skips_overflow_checks_it_would_discard():
     from triton.runtime import interpreter
 
-    from moebench.core.device import interpreter_without_discarded_checks
+    from moebench.core.tritonpatch import skip_overflow_checks
 
-    interpreter_without_discarded_checks()
+    skip_overflow_checks()  # the CLI's backend and a family's load apply it (interpret.compat)
     opts = interpreter.interpreter_builder.options
     assert opts.sanitize_overflow is False and opts.debug is False
-    assert interpreter_without_discarded_checks() is False  # already off: nothing to change
+    assert skip_overflow_checks() is False  # already off: nothing to change
 
 
 def test_placement_copies_fill_the_warm_budget_with_the_same_data():

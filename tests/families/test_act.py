@@ -46,7 +46,7 @@ def poisoned(rows: torch.Tensor) -> torch.Tensor:
 
 
 def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (act._ordered_bits(a) - act._ordered_bits(b)).abs()
+    return (act.ordered_bits(a) - act.ordered_bits(b)).abs()
 
 
 # ----------------------------------------------------------------------------------- kernels

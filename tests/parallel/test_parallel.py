@@ -228,7 +228,7 @@ def test_run_on_devices_pins_the_physical_gpu(monkeypatch):
     from moebench.core.spec import load_spec
 
     spec = load_spec("count-block")
-    list(workers.run_on_devices(spec, [], [1, 0], opts=Options(timing=spec.timing)))
+    list(workers.pool(spec, [1, 0], Options(timing=spec.timing))([], [], {}))
     assert seen["keys"] == ["5", "3"] and seen["labels"] == ["GPU 1", "GPU 0"] and seen["interpret"] is False
     assert seen["spec"] is spec
 

@@ -290,7 +290,7 @@ def reference(inp: Inputs, params: dict) -> torch.Tensor:
     return exp.to(inp.out.device)
 
 
-def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
+def ordered_bits(t: torch.Tensor) -> torch.Tensor:
     """bf16 -> int32 on a line where adjacent floats differ by 1 (sign-magnitude unfolded)."""
     b = t.contiguous().view(torch.int16).to(torch.int32)
     return torch.where(b < 0, -(b & 0x7FFF), b)
@@ -319,7 +319,7 @@ def check(inp: Inputs, out: torch.Tensor, expected: torch.Tensor, params: dict) 
     nan = int(torch.isnan(live_out).sum())
     if nan:
         problems.append(f"{nan} NaN elements in live rows")
-    ulps = (_ordered_bits(live_out) - _ordered_bits(expected[work])).abs()
+    ulps = (ordered_bits(live_out) - ordered_bits(expected[work])).abs()
     worst = int(ulps.max()) if ulps.numel() else 0
     differ = int((ulps > 0).sum())
     spread = f"({differ}/{ulps.numel()} elems differ)"

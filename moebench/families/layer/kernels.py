@@ -63,6 +63,7 @@ import triton.language as tl
 from moebench.core.family import Built, Check, cdiv, get_family, next_pow2
 from moebench.errors import Unavailable
 from moebench.families.act import PADDED_OPS
+from moebench.families.act.kernels import activation_ref, ordered_bits
 from moebench.families.layer import FAMILY, _ROUTING, capacity_rows, expert_weight_bytes, widths
 from moebench.sources import upstream
 
@@ -427,17 +428,6 @@ class _Step:
 # ----------------------------------------------------------------------------------- reference
 
 
-def activation_ref(h: torch.Tensor, op: str, n: int) -> torch.Tensor:
-    """(rows, W) bf16 -> (rows, N) bf16: fp32 math and one bf16 rounding, as the act kernels do."""
-    hf = h.float()
-    if op == "squared_relu":
-        y = torch.relu(hf[:, :n]).square()
-    else:
-        g, u = hf[:, :n], hf[:, n:2 * n]
-        y = g * torch.sigmoid(g) * u
-    return y.to(torch.bfloat16)
-
-
 def moe_ref(x: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
             params: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer on the live tokens, independently of the pipeline: per local expert, its pairs'
@@ -508,12 +498,6 @@ def reference(inp: Inputs, params: dict) -> Expected:
 # ----------------------------------------------------------------------------------- checks
 
 
-def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
-    """bf16 -> int32 on a line where adjacent floats differ by 1."""
-    b = t.contiguous().view(torch.int16).to(torch.int32)
-    return torch.where(b < 0, -(b & 0x7FFF), b)
-
-
 def check(inp: Inputs, out: torch.Tensor, expected: Expected, params: dict) -> Check:
     V = params["tokens"]
     if expected.scope == "count":
@@ -532,7 +516,7 @@ def check(inp: Inputs, out: torch.Tensor, expected: Expected, params: dict) -> C
         stray = int((bits[~rows] != _ACT_POISON_BITS).any(dim=1).sum())
         if stray:
             problems.append(f"{stray} rows past the rows in use or padded were written")
-        ulps = (_ordered_bits(got[rows]) - _ordered_bits(expected.act[rows])).abs()
+        ulps = (ordered_bits(got[rows]) - ordered_bits(expected.act[rows])).abs()
         worst = int(ulps.max()) if ulps.numel() else 0
         if worst > _ACT_ULP_BOUND:
             problems.append(f"max {worst} ulp > {_ACT_ULP_BOUND} against the torch activation")
