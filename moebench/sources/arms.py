@@ -70,7 +70,7 @@ def modules(family, variant: str) -> list:
     v = family.variants[variant]
     if variant in _CHECKOUTS or v.source == "upstream":
         return upstream.loaded_modules(_CHECKOUTS.get(variant))
-    m = sys.modules.get(getattr(v.builder, "__module__", ""))
+    m = sys.modules.get(getattr(v.builder, "__module__", None) or "") if v.builder is not None else None
     return [m] if m is not None else []
 
 

@@ -111,8 +111,7 @@ _ROOT: list[Path] = []  # the checkout one arm of `moebench pr` takes its kernel
 
 @contextmanager
 def rooted(root: Path):
-    """While the block runs, `load` takes each kernel from the kernel module file of checkout
-    `root` (one arm of `moebench pr`: moebench.sources.arms), not from the process's megatron."""
+    """While the block runs, `load` takes each kernel from checkout `root` (an arm of `moebench pr`)."""
     _ROOT.append(root)
     try:
         yield
@@ -120,15 +119,13 @@ def rooted(root: Path):
         _ROOT.pop()
 
 
-def load(name: str, root: Path | None = None) -> Any:
+def load(name: str) -> Any:
     """The upstream object `name` (a @triton.jit kernel, or a function), imported on first use;
-    with a `root` (or inside `rooted`), from that checkout's kernel module file, run under a
-    private module name so that two checkouts' kernels live side by side in one process (the
-    file's own imports resolve as usual). Raises Unavailable with the reason and what to do when
-    it cannot be had here."""
-    root = root or (_ROOT[-1] if _ROOT else None)
-    if root is not None:
-        return _load_file(name, root)
+    inside `rooted(ROOT)`, from ROOT's kernel module file run under a private module name, so two
+    checkouts' kernels live side by side in one process. Raises Unavailable with the reason and
+    what to do when it cannot be had here."""
+    if _ROOT:
+        return _run_file(name, _ROOT[-1])
     if name in _LOADED:
         return _LOADED[name]
     st = status(name)
@@ -152,7 +149,7 @@ def load(name: str, root: Path | None = None) -> Any:
     return obj
 
 
-def _load_file(name: str, root: Path) -> Any:
+def _run_file(name: str, root: Path) -> Any:
     key = f"{name}@{root}"
     if key not in _LOADED:
         st = status(name, root)
@@ -160,11 +157,10 @@ def _load_file(name: str, root: Path) -> Any:
             raise Unavailable(f"upstream {st.attr}: {st.why}")
         path = _file_of(st.module, root)[0]
         private = f"moebench_upstream_{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}_{path.stem}"
-        spec = importlib.util.spec_from_file_location(private, path)
-        module = importlib.util.module_from_spec(spec)
+        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(private, path))
         sys.modules[private] = module
         try:
-            spec.loader.exec_module(module)
+            module.__spec__.loader.exec_module(module)
         except Exception as e:  # noqa: BLE001 - as in load: any failure means unavailable
             del sys.modules[private]
             raise Unavailable(f"upstream {st.attr}: running {path} failed: {type(e).__name__}: {e}") from None
