@@ -1,16 +1,12 @@
 """`moebench pr`: the performance section of a kernel PR from two versions of a kernel, in one command.
 
-A composition; every case runs through the run driver (moebench.core.driver.Driver), as in `sweep`,
-`verify` and `ab`, each arm with its own environment:
-
-    --off/--on KEY=VAL (ab's syntax; plugin=FILE.py, megatron_lm=PATH: the arm's kernel source,
-    moebench.sources.arms) -> the OFF/ON pairs of the spec's cases (ab_pairs), then
-      correctness   the verify matrix, untimed, the OFF launch as the baseline
-      gain          one timed run per arm over the spec's cases                          (GPU)
-      separation    OFF/ON/OFF/ON arms at the decision shapes (ab's run_arms)            (GPU)
-      scope         the decision cases, one placement per timer group, + counters pass   (GPU)
-      layer         `ab` on sweeps/layer-FAMILY.yaml with the settings mapped            (GPU)
-    -> OUT/<device>/NAME-pr.json (the document and every record) and NAME-pr.md (moebench.report.pr)
+A composition: every case runs through the run driver (moebench.core.driver.Driver), each arm with
+its own environment. --off/--on take ab's KEY=VAL, plus plugin=FILE.py and megatron_lm=PATH (the
+arm's kernel source: moebench.sources.arms); the runs, as the sections need them: the verify matrix
+untimed with the OFF launch as the baseline; on a GPU, one timed run per arm over the spec's cases,
+ab's interleaved arms at the decision shapes, the decision cases with one placement per timer group
+and the counters pass, and `ab` on sweeps/layer-FAMILY.yaml. It writes OUT/<device>/NAME-pr.json
+(the document and every record) and NAME-pr.md (moebench.report.pr).
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ from moebench.core.provenance import provenance, variant_code
 from moebench.core.spec import PACKAGE_ROOT, load_spec
 from moebench.core.store import OutputLock, atomic_write_text, writable_dir
 from moebench.errors import ExitCode, SpecError, UsageError
-from moebench.report.pr import SECTIONS, TIMED, numbers, page
+from moebench.report.pr import SECTIONS, TIMED, build
 from moebench.sources import arms, upstream
 
 app = typer.Typer()
@@ -93,15 +89,14 @@ def pr(
     dest, stem = writable_dir(out_dir / device.slug, "--out"), f"{sp.name}-pr" + ("-quick" if quick else "")
     with OutputLock(dest, stem):
         doc = run.document(spec, pairs, focus, want, weights, off or [], on or [])
-        nums = numbers(doc, run.records)
-        md = page(doc, run.records, nums, want)
+        nums, md = build(doc, run.records, want)
         prov = {**doc["provenance"], "pr": {k: v for k, v in doc.items() if k != "provenance"}}
         atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, run.records, numbers=nums))
         atomic_write_text(dest / f"{stem}.md", md)
     if markdown:
         print_markdown(md)
     else:
-        out.print(page(doc, run.records, nums, ["summary"]).split("\n\n", 3)[-1], highlight=False, soft_wrap=True)
+        out.print(build(doc, run.records, ["summary"])[1].split("\n\n", 3)[-1], highlight=False, soft_wrap=True)
     out.print(f"Wrote {dest / stem}.md, {dest / stem}.json", highlight=False)
     failed = [r for r in run.records if r.status not in ("ok", "unavailable")]
     for r in failed[:5]:
@@ -180,17 +175,15 @@ class Run:
         self.timed, self.quick, self.n_arms, self.iters = timed, quick, n_arms, iters
         self.records: list = []
         self.compiled: dict = {OFF: {}, ON: {}}  # per arm, the kernels first compiled in its runs
-        self.variants: dict = {OFF: [], ON: []}
 
     def options(self, timing=None, *, time_it: bool = True, cross=()) -> Options:
         return Options(timing=timing or self.spec.timing, time_it=time_it and self.timed, cross=tuple(cross),
                        traceback=STATE["verbose"])
 
-    def tag(self, records: list, run: str, side: str | None = None) -> list:
+    def tag(self, records: list, run: str, side: str | None = None) -> None:
         for r in records:
             r.timing.update({"pr_run": run, "pr_side": side or r.timing["ab_side"]})
         self.records += records
-        return records
 
     def drive(self, side: str, pairs: list, run: str, *, spec=None, options=None) -> None:
         """One arm's cases of `pairs` through a run driver with the arm's environment."""
@@ -211,7 +204,6 @@ class Run:
         for k, hashes in arms.compiled(mods()).items():
             mine = self.compiled[side].setdefault(k, [])
             mine += [h for h in hashes if h not in before.get(k, ()) and h not in mine]
-        self.variants[side] += [v for v in variants if v not in self.variants[side]]
         self.tag(summary.records, run, side)
 
     def ab(self, spec, pairs: list, offs, ons, run: str) -> dict:
@@ -286,17 +278,17 @@ class Run:
             skipped["counters"] = counters.why_unavailable(self.device, counters.Ncu())
         skipped |= {s: parts[s]["skipped"] for s in ("correctness", "layer") if "skipped" in parts.get(s, {})}
         sp, fam = self.spec, self.spec.family
-        sources = {OFF: [t for t in off_raw if t.split("=")[0].strip() in PER_ARM],
-                   ON: [t for t in on_raw if t.split("=")[0].strip() in PER_ARM]}
-        used = any(fam.variants[v].source == "upstream" for vs in self.variants.values() for v in vs)
+        variants = {s: list(dict.fromkeys((p.off if s == OFF else p.on).variant for p in pairs)) for s in (OFF, ON)}
+        used = any(fam.variants[v].source == "upstream" for vs in variants.values() for v in vs)
         return {
             "spec": sp.name, "family": fam.name, "device": self.device.name, "weights": weights,
-            "off": [s.text() for s in self.offs] + sources[OFF], "on": [s.text() for s in self.ons] + sources[ON],
+            "off": [s.text() for s in self.offs] + [t for t in off_raw if t.split("=")[0].strip() in PER_ARM],
+            "on": [s.text() for s in self.ons] + [t for t in on_raw if t.split("=")[0].strip() in PER_ARM],
             "order": arm_order(self.n_arms), "timer": timer_text(sp), "moe_layers": sp.model.get("moe_layers"),
             "pairs": [[p.text, p.off.id, p.on.id] for p in pairs],
             "decision": [[p.text, p.off.id, p.on.id] for p in focus],
             "per_launch": {p.off.id: launch_layers(fam, p.off.params) for p in pairs},
-            "code": {s: {v: variant_code(fam, v) for v in self.variants[s]} for s in (OFF, ON)},
+            "code": {s: {v: variant_code(fam, v) for v in variants[s]} for s in (OFF, ON)},
             "compiled": {s: self.compiled[s] if self.device.backend == "cuda" else "interpreter: nothing compiled"
                          for s in (OFF, ON)},
             "sections": parts, "skipped": skipped, "commands": commands(spec_arg, self, want, off_raw, on_raw, parts),

@@ -1,12 +1,10 @@
 """`moebench pr`'s page: the performance section of a kernel PR, from the document and the records
-the command wrote (NAME-pr.json). Data only: `numbers` computes every figure from the records with
-moebench's own rules (compare's classification, ab's statistics, recommend's decision, the layer's
-conversion table), and `page` renders them; records carry `timing.pr_run` (which run made them)
-and `timing.pr_side` (OFF or ON)."""
+the command wrote (NAME-pr.json). Data only: `build` computes each section's figures from the records
+with moebench's own rules (compare's classify, ab's statistics and power, recommend's decide, the
+layer's conversion table) and renders them. Records carry timing.pr_run (the run that made them)
+and timing.pr_side (OFF or ON)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from moebench.analysis import value_of
 from moebench.analysis.ab import OFF, ON, ABPair, Arm, ab_markdown, ab_stats, min_detectable, per_step
@@ -24,7 +22,10 @@ TITLES = {"summary": "Summary", "changed": "What changed", "gain": "Measured gai
           "killswitch": "Kill switch", "scope": "Scope and risks", "protocol": "Protocol"}
 TIMED = frozenset({"gain", "separation", "counters", "layer", "killswitch", "scope"})  # need a GPU's timings
 FOLD = 12  # a table longer than this goes inside <details>
-_NOT_VACUITY = ("ref_check", "baseline_equal", "baseline_skipped", "inputs_intact")
+NEEDS = {"summary": ("separation", "correctness"), "scope": ("gain",)}  # the figures a section reads
+COUNTERS = {"achieved occupancy %": "achieved_occupancy_pct", "theoretical occupancy %": "theoretical_occupancy_pct",
+            "limiter": "limiter", "waves": "waves", "instructions": "instructions",
+            "registers / thread": "registers_per_thread", "DRAM % of peak": "dram_pct", "L2 % of peak": "l2_pct"}
 
 
 def _runs(records, run: str, side: str | None = None) -> list:
@@ -35,19 +36,66 @@ def _one(records, run: str, side: str, case_id: str):
     return next((r for r in _runs(records, run, side) if r.case_id == case_id), None)
 
 
-# ----------------------------------------------------------------------------- the numbers
+def build(doc: dict, records: list, want) -> tuple[dict, str]:
+    """Every section's figures (for the JSON) and the page (GitHub markdown, pasted as is) of the
+    `want` sections. A section the run could not measure says why."""
+    nums, text = {}, {}
+    for s in SECTIONS[1:] + SECTIONS[:1]:  # the summary reads the others' figures
+        if s not in want and not any(s in NEEDS.get(w, ()) for w in want):
+            continue
+        if doc["skipped"].get(s):
+            nums[s], text[s] = None, f"*Not measured: {doc['skipped'][s]}*"
+        else:
+            nums[s], text[s] = _SECTION[s](doc, records, nums)
+    head = [f"## Performance: {', '.join(doc['on'])} (ON) against {', '.join(doc['off'])} (OFF)", "",
+            f"`moebench pr {doc['spec']}` on {doc['device']}. ON is the candidate, OFF the control; µs per launch, "
+            "lower is better.", ""]
+    body = [x for s in SECTIONS if s in want for x in (f"### {TITLES[s]}", "", text[s].rstrip(), "")]
+    return nums, "\n".join(head + body).rstrip() + "\n"
 
 
-def numbers(doc: dict, records: list) -> dict:
-    """Every figure of the page, per section, computed from the document and the records."""
-    return {"gain": _gain(doc, records), "separation": _separation(doc), "correctness": _correctness(doc, records),
-            "scope": _scope(doc, records), "counters": _counters(doc, records),
-            "killswitch": _killswitch(doc, records)}
+def _summary(doc, records, nums):
+    c, bits = nums["correctness"] or {}, []
+    for r in nums["separation"] or ():
+        if "delta" in r:
+            sep = {"better": "every ON iteration beats every OFF iteration",
+                   "worse": "every OFF iteration beats every ON iteration"}.get(r["separation"], "the arms overlap")
+            step = f"; {r['per_step_delta_us']:+.1f} µs per step" if r["per_step_delta_us"] is not None else ""
+            bits.append(f"at {r['case']}, {r['off_mean']:.3f} → {r['on_mean']:.3f} µs ({100 * r['rel']:+.1f}%), "
+                        f"{sep} (Δ ≈ {r['effect']:.{0 if r['effect'] >= 10 else 1}f}× the noise){step}")
+    exact = (f"ON bit-exact with OFF in {c['equal']}/{c['n']} cases" if c.get("against") == "off" else
+             f"{c['equal']}/{c['n']} ON cases pass" if c else "no correctness run")
+    timed = "; ".join(bits) or "timings need a GPU (this run used the Triton interpreter: correctness only)"
+    return None, f"**{timed}; {exact}.**"
 
 
-def _gain(doc: dict, records: list) -> list[dict]:
-    """Per pair OFF / ON with their intervals; FASTER or SLOWER where the difference is beyond both
-    intervals combined (compare's classify, threshold 0), else a tie."""
+def _changed(doc, records, nums):
+    rows = []
+    for side in (OFF, ON):
+        ids = {ids[1 if side == ON else 0] for _, *ids in doc["decision"]}
+        mine = [x for x in records if x.timing.get("pr_side") == side and x.timing.get("pr_run") != "layer"]
+        r = next((x for x in mine if x.case_id in ids), mine[0] if mine else None)
+        if r is None:
+            continue
+        launch = ", ".join(f"{k}={v}" + (f" ({r.launch_from[k]})" if k in r.launch_from else "")
+                           for k, v in r.launch.items())
+        code = "; ".join(f"{v}: " + ", ".join(f"{k} {str(x)[:12] if k in ('sha256', 'commit') else x}"
+                                              for k, x in {**c.get("files", {}), **c}.items() if x and k != "files")
+                         for v, c in doc["code"][side].items())
+        got = doc["compiled"][side]
+        compiled = got if isinstance(got, str) else "; ".join(
+            f"{k.rsplit('.', 1)[-1]} {', '.join(h[:12] for h in v)}" for k, v in got.items()) or "none new"
+        rows.append([side, ", ".join(doc[side.lower()]), r.label, launch,
+                     num((r.cross.get("counters") or {}).get("registers_per_thread"), "d"), code, compiled])
+    return None, ("The launch of each arm at the decision shape (the records' `launch`; where a value came from in "
+                  "brackets) and which code ran: its source and sha256, and the keys of the kernels first compiled "
+                  "in the arm.\n\n" + md_table(["arm", "settings", "variant", "launch", "registers", "code",
+                                                "compiled"], rows))
+
+
+def _gain(doc, records, nums):
+    """Per pair OFF / ON with their intervals: FASTER or SLOWER where the difference is beyond both
+    intervals combined (compare's classify at threshold 0), else a tie."""
     rows = []
     for text, oid, nid in doc["pairs"]:
         a, b = _one(records, "gain", OFF, oid), _one(records, "gain", ON, nid)
@@ -56,79 +104,69 @@ def _gain(doc: dict, records: list) -> list[dict]:
         row = {"case": text, "off_us": a.timing.get("median_us"), "on_us": b.timing.get("median_us"),
                "off_rel": a.timing.get("rel_noise"), "on_rel": b.timing.get("rel_noise")}
         if a.status != "ok" or b.status != "ok" or row["off_us"] is None or row["on_us"] is None:
-            bad = [f"{s} {r.status}: {(r.error or 'no time').partition(chr(10))[0]}" for s, r in ((OFF, a), (ON, b))
-                   if r.status != "ok"]
-            row["verdict"] = "; ".join(bad) or "no time"
+            row["verdict"] = "; ".join(f"{s} {r.status}: {(r.error.splitlines() or [''])[0]}" for s, r in
+                                       ((OFF, a), (ON, b)) if r.status != "ok") or "no time"
         else:
             v, d, n = classify(row["off_us"], row["on_us"], row["off_rel"], row["on_rel"], 0.0)
             row |= {"delta": d, "noise": n, "verdict": v if v in ("FASTER", "SLOWER") else "tie"}
         rows.append(row)
-    return rows
+    table = md_table(["case", "OFF µs", "ON µs", "Δ %", "verdict"], [
+        [r["case"], _iv(r["off_us"], r["off_rel"]), _iv(r["on_us"], r["on_rel"]),
+         f"{100 * r['delta']:+.1f}%" if "delta" in r else "—", r["verdict"]] for r in rows])
+    if len(rows) > FOLD:
+        table = f"<details><summary>Per shape ({len(rows)} cases)</summary>\n\n{table}\n\n</details>"
+    lost = "; ".join(r["case"] for r in rows if r["verdict"] not in ("FASTER", "tie")) or "no case"
+    tied = "; ".join(r["case"] for r in rows if r["verdict"] == "tie") or "none"
+    return rows, (f"One timed run per arm over the spec's cases. {doc['timer']} FASTER / SLOWER: the difference is "
+                  f"beyond the two ~95% intervals combined; tie: inside them.\n\n{table}\n\nON loses (or fails) at: "
+                  f"{lost}. Ties: {tied}.")
 
 
-def _separation(doc: dict) -> list[dict]:
-    out = []
-    for c in (doc["sections"].get("separation") or {}).get("cases", []):
-        row = {"case": c["case"], "arms": c["arms"], "errors": c["errors"]}
-        if not c["errors"]:
-            st = ab_stats([Arm(a["side"], list(a["values"])) for a in c["arms"]])
+def _iv(us: float | None, rel: float | None) -> str:
+    return "—" if us is None else f"{us:.3f} ± {us * rel:.3f}" if rel is not None else f"{us:.3f}"
+
+
+def _separation(doc, records, nums):
+    sep, rows, pairs = doc["sections"].get("separation"), [], []
+    if sep is None:
+        return rows, ""
+    for c in sep["cases"]:
+        arms = [Arm(a["side"], list(a["values"])) for a in c["arms"]]
+        st = ab_stats(arms) if not c["errors"] else None
+        pairs.append(ABPair(c["case"], None, None, arms, list(c["errors"]), st))
+        row = {"case": c["case"], "errors": c["errors"]}
+        if st is not None:
             pr = per_step(st.off_mean, st.on_mean, doc["moe_layers"], doc["per_launch"].get(c["off_case_id"], 1))
-            row |= {"off_mean": st.off_mean, "on_mean": st.on_mean, "delta": st.delta, "rel": st.rel,
-                    "sd_off": st.sd_off, "sd_on": st.sd_on, "separation": st.separation, "margin": st.margin,
-                    "effect": st.effect, "per_step_delta_us": pr.delta if pr else None,
-                    "min_detectable_us": min_detectable(st.sd_off, st.sd_on, st.n_off, st.n_on)}
-        out.append(row)
-    return out
+            row |= {k: v for k, v in vars(st).items() if k != "arms"} | {
+                "per_step_delta_us": pr.delta if pr else None,
+                "min_detectable_us": min_detectable(st.sd_off, st.sd_on, st.n_off, st.n_on)}
+        rows.append(row)
+    md = ab_markdown(spec_name=doc["spec"], device=doc["device"], off=[], on=[], arms=sep["arms"], iters=sep["iters"],
+                     pairs=pairs, layers=doc["moe_layers"], timer_text=doc["timer"])  # its title line is left out
+    power = [f"- {r['case']}: {r['min_detectable_us']:.3f} µs ({100 * r['min_detectable_us'] / r['off_mean']:.2f}% "
+             "of OFF)" for r in rows if "delta" in r]
+    return rows, (md.split("\n", 2)[2] + "\nThe smallest difference this run could have detected (two-sided α = "
+                  "0.05, power 0.8, from the pooled sd and the measurements per side):\n\n" + "\n".join(power))
 
 
-def _correctness(doc: dict, records: list) -> dict:
-    on, off = _runs(records, "correctness", ON), _runs(records, "correctness", OFF)
-    if not on:
-        return {}
-
-    def ref(rs):
-        ok = [r for r in rs if r.status == "ok"]
-        return {"n": len(rs), "exact": sum(r.checks.get("ref_check") == "exact" for r in ok),
-                "within_bound": sum(r.checks.get("ref_check") != "exact" for r in ok), "failed": len(rs) - len(ok)}
-
-    def work(r) -> dict:
-        return {k: v for k, v in r.checks.items() if k not in _NOT_VACUITY and isinstance(v, int)
-                and not isinstance(v, bool)}
-
-    did = [r for r in on if next(iter(work(r).values()), 0) > 0]
-    top = max(on, key=lambda r: next(iter(work(r).values()), 0))
-    return {"equal": sum(r.status == "ok" and r.checks.get("baseline_equal") is True for r in on), "n": len(on),
-            "against": doc["sections"]["correctness"].get("against"), "ref": {OFF: ref(off), ON: ref(on)},
-            "did_work": len(did), "example": work(top), "example_case": top.case_id}
-
-
-def _scope(doc: dict, records: list) -> list[dict]:
-    rows = []
-    for text, oid, nid in doc["decision"]:
-        for side, cid in ((OFF, oid), (ON, nid)):
-            r = _one(records, "scope", side, cid)
-            g = (r.timing.get("group_medians_us") or []) if r is not None and r.status == "ok" else []
-            if len(g) < 2 or r.timing.get("rel_noise") is None:
-                continue
-            m = r.timing["median_us"]
-            h = m * r.timing["rel_noise"]
-            rows.append({"case": text, "side": side, "mean_us": m, "half_us": h, "min_us": min(g), "max_us": max(g),
-                         "placements": len(g), "wider": (max(g) - min(g)) / 2 > h})
-    return rows
-
-
-def _counters(doc: dict, records: list) -> list[dict]:
-    rows = []
+def _counters(doc, records, nums):
+    rows, out = [], []
     for text, oid, nid in doc["decision"]:
         a, b = _one(records, "scope", OFF, oid), _one(records, "scope", ON, nid)
         if a is None or b is None:
             continue
         ca, cb = a.cross.get("counters") or {}, b.cross.get("counters") or {}
-        row = {"case": text, OFF: ca, ON: cb, "bound": [(r.cross.get("verdict") or {}).get("bound") for r in (a, b)]}
-        if "unavailable" not in ca and "unavailable" not in cb and ca and cb:
-            row["sentence"] = counters_sentence(ca, cb, a.work, b.work)
-        rows.append(row)
-    return rows
+        bound = [(r.cross.get("verdict") or {}).get("bound") for r in (a, b)]
+        rows.append({"case": text, OFF: ca, ON: cb, "bound": bound})
+        why = ca.get("unavailable") or cb.get("unavailable") or ("no counters" if not (ca and cb) else None)
+        if why:
+            out.append(f"{text}: no counters: {why}.")
+            continue
+        rows[-1]["sentence"] = counters_sentence(ca, cb, a.work, b.work)
+        table = [[name, ca.get(k, "—"), cb.get(k, "—")] for name, k in COUNTERS.items()] + [["bound", *bound]]
+        out += [f"**{text}** (Nsight Compute, one graph replay per arm):", "",
+                md_table(["counter", "OFF", "ON"], table), "", rows[-1]["sentence"], ""]
+    return rows, "\n".join(out) or "No counters at the decision shapes (their cases did not run)."
 
 
 def counters_sentence(off: dict, on: dict, work_off: dict, work_on: dict) -> str:
@@ -157,199 +195,106 @@ def counters_sentence(off: dict, on: dict, work_off: dict, work_on: dict) -> str
     return f"{same}, same traffic and CTAs with work: the counters do not tell the arms apart."
 
 
-def _killswitch(doc: dict, records: list) -> dict:
-    """recommend's rule on both arms' timed records: a value is shipped only where it beats the
-    shipped default over the mix beyond noise; else the default stays."""
-    recs = _runs(records, "gain")
-    if not recs:
-        return {}
-    try:
-        d = decide(recs, get_family(doc["family"]), weights_text=doc.get("weights"))[0]
-    except UsageError as e:  # recommend's message, without the option it names there
-        return {"reason": str(e).removeprefix("--emit: ")}
-    off = next((r for r in _runs(records, "gain", OFF) if r.label == d.variant), None) or _runs(records, "gain", OFF)[0]
-    return {"variable": d.switch.var, "param": d.switch.param, "default": d.switch.default, "ship": d.value,
-            "restore": value_of(off, d.switch.param), "emitted": d.emit, "reason": d.reason, "variant": d.variant}
-
-
-# ----------------------------------------------------------------------------- the page
-
-
-def page(doc: dict, records: list, nums: dict, want) -> str:
-    """The page, GitHub markdown to paste as is: the `want` sections in SECTIONS order."""
-    head = [f"## Performance: {', '.join(doc['on'])} (ON) against {', '.join(doc['off'])} (OFF)", "",
-            f"`moebench pr {doc['spec']}` on {doc['device']}. ON is the candidate, OFF the control; µs per launch, "
-            "lower is better.", ""]
-    body = []
-    for s in [s for s in SECTIONS if s in want]:
-        why = doc["skipped"].get(s)
-        text = f"*Not measured: {why}*" if why else _RENDER[s](doc, records, nums)
-        body += [f"### {TITLES[s]}", "", text.rstrip(), ""]
-    return "\n".join(head + body).rstrip() + "\n"
-
-
-def _fold(table: str, rows: int, what: str) -> str:
-    return table if rows <= FOLD else f"<details><summary>{what} ({rows} rows)</summary>\n\n{table}\n\n</details>"
-
-
-def _summary(doc, records, nums) -> str:
-    c = nums["correctness"]
-    exact = f"ON bit-exact with OFF in {c['equal']}/{c['n']} cases" if c and c.get("against") == "off" else \
-        "correctness: see below"
-    bits = []
-    for r in nums["separation"]:
-        if "delta" in r:
-            sep = {"better": "every ON iteration beats every OFF iteration",
-                   "worse": "every OFF iteration beats every ON iteration"}.get(r["separation"], "the arms overlap")
-            step = f"; {r['per_step_delta_us']:+.1f} µs per step" if r["per_step_delta_us"] is not None else ""
-            bits.append(f"at {r['case']}, {r['off_mean']:.3f} → {r['on_mean']:.3f} µs ({100 * r['rel']:+.1f}%), "
-                        f"{sep} (Δ ≈ {r['effect']:.{0 if r['effect'] >= 10 else 1}f}× the noise){step}")
-    timed = "; ".join(bits) or "timings need a GPU (this run used the Triton interpreter: correctness only)"
-    return f"**{timed}; {exact}.**"
-
-
-def _changed(doc, records, nums) -> str:
-    rows = []
-    for side in (OFF, ON):
-        ids = {ids[1 if side == ON else 0] for _, *ids in doc["decision"]}
-        mine = [x for x in records if x.timing.get("pr_side") == side and x.timing.get("pr_run") != "layer"]
-        r = next((x for x in mine if x.case_id in ids), mine[0] if mine else None)
-        if r is None:
-            continue
-        launch = ", ".join(f"{k}={v}" + (f" ({r.launch_from[k]})" if k in r.launch_from else "")
-                           for k, v in r.launch.items())
-        code = "; ".join(f"{v}: " + ", ".join(f"{k} {str(x)[:12] if k in ('sha256', 'commit') else x}" for k, x in
-                                              {**c.pop("files", {}), **c}.items() if x)
-                         for v, c in ((v, dict(c)) for v, c in doc["code"][side].items()))
-        got = doc["compiled"][side]
-        compiled = got if isinstance(got, str) else "; ".join(
-            f"{k.rsplit('.', 1)[-1]} {', '.join(h[:12] for h in v)}" for k, v in got.items()) or "none new"
-        rows.append([side, ", ".join(doc[side.lower()]), r.label, launch,
-                     num((r.cross.get("counters") or {}).get("registers_per_thread"), "d"), code, compiled])
-    return ("The launch of each arm at the decision shape (the records' `launch`; where a value came from in brackets) "
-            "and which code ran: its source and sha256, and the keys of the kernels first compiled in the arm.\n\n"
-            + md_table(["arm", "settings", "variant", "launch", "registers", "code", "compiled"], rows))
-
-
-def _gain_md(doc, records, nums) -> str:
-    rows = nums["gain"]
-    table = md_table(["case", "OFF µs", "ON µs", "Δ %", "verdict"], [
-        [r["case"], _iv(r["off_us"], r["off_rel"]), _iv(r["on_us"], r["on_rel"]),
-         f"{100 * r['delta']:+.1f}%" if "delta" in r else "—", r["verdict"]] for r in rows])
-    lost = [r["case"] for r in rows if r["verdict"] == "SLOWER"]
-    tied = [r["case"] for r in rows if r["verdict"] == "tie"]
-    return (f"One timed run per arm over the spec's cases. {doc['timer']} FASTER / SLOWER: the difference is "
-            "beyond the two ~95% intervals combined; tie: inside them.\n\n" + _fold(table, len(rows), "Per shape")
-            + f"\n\nON loses at: {'; '.join(lost) or 'no case'}. Ties: {'; '.join(tied) or 'none'}.")
-
-
-def _iv(us: float | None, rel: float | None) -> str:
-    return "—" if us is None else f"{us:.3f} ± {us * rel:.3f}" if rel is not None else f"{us:.3f}"
-
-
-def _separation_md(doc, records, nums) -> str:
-    sep = doc["sections"]["separation"]
-    pairs = []
-    for r in nums["separation"]:
-        arms = [Arm(a["side"], list(a["values"])) for a in r["arms"]]
-        pairs.append(ABPair(r["case"], None, None, arms, list(r["errors"]), ab_stats(arms) if "delta" in r else None))
-    md = ab_markdown(spec_name=doc["spec"], device=doc["device"], off=[], on=[], arms=sep["arms"], iters=sep["iters"],
-                     pairs=pairs, layers=doc["moe_layers"], timer_text=doc["timer"])  # its title line is left out
-    power = [f"- {r['case']}: {r['min_detectable_us']:.3f} µs ({100 * r['min_detectable_us'] / r['off_mean']:.2f}% "
-             "of OFF)" for r in nums["separation"] if "delta" in r]
-    return (md.split("\n", 2)[2] + "\nThe smallest difference this run could have detected (two-sided α = 0.05, "
-            "power 0.8, from the pooled sd and the measurements per side):\n\n" + "\n".join(power))
-
-
-def _counters_md(doc, records, nums) -> str:
-    if doc.get("counters_unavailable"):
-        return f"No counters: {doc['counters_unavailable']}."
-    keys = {"achieved occupancy %": "achieved_occupancy_pct", "theoretical occupancy %": "theoretical_occupancy_pct",
-            "limiter": "limiter", "waves": "waves", "instructions": "instructions",
-            "registers / thread": "registers_per_thread", "DRAM % of peak": "dram_pct", "L2 % of peak": "l2_pct"}
-    out = []
-    for r in nums["counters"]:
-        a, b = r[OFF], r[ON]
-        if "unavailable" in a or "unavailable" in b:
-            out.append(f"{r['case']}: no counters: {a.get('unavailable') or b.get('unavailable')}.")
-            continue
-        rows = [[name, a.get(k, "—"), b.get(k, "—")] for name, k in keys.items()] + [["bound", *r["bound"]]]
-        out += [f"**{r['case']}** (Nsight Compute, one graph replay per arm):", "",
-                md_table(["counter", "OFF", "ON"], rows), "", r["sentence"], ""]
-    return "\n".join(out) or "No counters at the decision shapes (their cases did not run)."
-
-
-def _layer(doc, records, nums) -> str:
+def _layer(doc, records, nums):
     lay = doc["sections"]["layer"]
     md = ab_section(get_family("layer"), _runs(records, "layer"))
-    return (f"`moebench ab {lay['spec']}` with the settings mapped into the layer ({', '.join(lay['on'])} against "
-            f"{', '.join(lay['off'])}), {lay['arms']} arms × {lay['iters']} measurements.\n\n"
-            + (md.split("\n", 2)[2] if md else "No pair of the layer's scopes completed on both sides."))
+    return None, (f"`moebench ab {lay['spec']}` with the settings mapped into the layer ({', '.join(lay['on'])} "
+                  f"against {', '.join(lay['off'])}), {lay['arms']} arms × {lay['iters']} measurements.\n\n"
+                  + (md.split("\n", 2)[2] if md else "No pair of the layer's scopes completed on both sides."))
 
 
-def _correctness_md(doc, records, nums) -> str:
-    c = nums["correctness"]
-    if not c:
-        return "No case of the verify matrix ran."
+def _correctness(doc, records, nums):
+    cor, on = doc["sections"].get("correctness"), _runs(records, "correctness", ON)
+    if not on or cor is None:
+        return {}, "No case of the verify matrix ran."
+
+    def ref(rs):
+        ok = [r for r in rs if r.status == "ok"]
+        return {"n": len(rs), "exact": sum(r.checks.get("ref_check") == "exact" for r in ok),
+                "within_bound": sum(r.checks.get("ref_check") != "exact" for r in ok), "failed": len(rs) - len(ok)}
+
+    def work(r) -> dict:  # the family's non-vacuity counts (counts_sum, rows_written, ...)
+        return {k: v for k, v in r.checks.items() if type(v) is int and k not in ("baseline_equal", "inputs_intact")}
+
+    top = max(on, key=lambda r: next(iter(work(r).values()), 0))
+    c = {"equal": sum(r.status == "ok" and r.checks.get("baseline_equal") is True for r in on), "n": len(on),
+         "against": cor["against"], "ref": {OFF: ref(_runs(records, "correctness", OFF)), ON: ref(on)},
+         "did_work": sum(next(iter(work(r).values()), 0) > 0 for r in on), "example": work(top),
+         "example_case": top.case_id}
     how = ("each ON record's `baseline_equal` is torch.equal(ON, OFF) at the same inputs (the OFF launch is the "
            "baseline of this run)" if c["against"] == "off" else
-           "the arms differ only in an environment variable, so each arm was checked against the torch reference "
-           "and the spec's baseline launch; ON = OFF follows where both equal the reference exactly")
-    ref = "; ".join(f"{s}: {x['exact']}/{x['n']} exact" + (f", {x['within_bound']} within the stated bound"
-                                                           if x["within_bound"] else "")
-                    + (f", {x['failed']} failed" if x["failed"] else "") for s, x in c["ref"].items())
-    ex = ", ".join(f"{k}={v}" for k, v in c["example"].items())
-    cor = doc["sections"]["correctness"]
+           "the arms differ in an environment variable, so each arm was checked against the torch reference and "
+           "the spec's baseline launch; ON = OFF follows where both equal the reference exactly")
+    refs = []
+    for side, x in c["ref"].items():
+        refs.append(f"{side}: {x['exact']}/{x['n']} exact" + (f", {x['within_bound']} within the stated bound"
+                                                              if x["within_bound"] else "")
+                    + (f", {x['failed']} failed" if x["failed"] else ""))
     matrix = "verify matrix" if cor["matrix"] == "verify" else "cases (it has no verify matrix)"
-    return (f"**{c['equal']}/{c['n']} {'bit-exact (ON against OFF)' if c['against'] == 'off' else 'pass'}** over the "
-            f"spec's {matrix}, {cor['pairs']} cases per arm, untimed: {how}.\n\n"
-            f"- Torch reference: {ref}.\n- Non-vacuous: {c['did_work']}/{c['n']} ON cases did work by their own "
-            f"checks (the others are empty shapes); the largest: {ex} (case {c['example_case']}).")
+    return c, (f"**{c['equal']}/{c['n']} {'bit-exact (ON against OFF)' if c['against'] == 'off' else 'pass'}** over "
+               f"the spec's {matrix}, {cor['pairs']} cases per arm, untimed: {how}.\n\n- Torch reference: "
+               f"{'; '.join(refs)}.\n"
+               f"- Non-vacuous: {c['did_work']}/{c['n']} ON cases did work by their own checks (the others are empty "
+               f"shapes); the largest: {', '.join(f'{k}={v}' for k, v in c['example'].items())} (case "
+               f"{c['example_case']}).")
 
 
-def _killswitch_md(doc, records, nums) -> str:
-    k = nums["killswitch"]
-    if "variable" not in k:
-        return f"No kill switch to judge: {k.get('reason', 'no timed records')}."
+def _killswitch(doc, records, nums):
+    """recommend's rule on both arms' timed records: a value is shipped only where it beats the
+    shipped default over the mix beyond noise; else the default stays."""
+    try:
+        d = decide(_runs(records, "gain"), get_family(doc["family"]), weights_text=doc.get("weights"))[0]
+    except UsageError as e:  # recommend's message, without the option it names there
+        why = str(e).removeprefix("--emit: ")
+        return {"reason": why}, f"No kill switch to judge: {why}."
+    off = next((r for r in _runs(records, "gain", OFF) if r.label == d.variant), None) or _runs(records, "gain", OFF)[0]
+    k = {"variable": d.switch.var, "param": d.switch.param, "default": d.switch.default, "ship": d.value,
+         "restore": value_of(off, d.switch.param), "emitted": d.emit, "reason": d.reason, "variant": d.variant}
     restore = (f"`{k['variable']}={k['restore']}` restores the OFF arm's behaviour" if k["restore"] is not None else
                f"the OFF arm does not set {k['param']}: no value of `{k['variable']}` restores it")
-    value = f"`{k['variable']}={k['ship']}`"
-    ship = f"ship {value}" if k["emitted"] else f"keep the default ({value})"
+    ship = f"ship `{d.switch.var}={d.value}`" if d.emit else f"keep the default (`{d.switch.var}={d.value}`)"
     mix = f"the mix {doc['weights']}" if doc.get("weights") else "every shape weighted equally"
-    return f"{restore}. For {mix}: {ship} — {k['reason']} (recommend's rule, measured on {k['variant']})."
+    return k, f"{restore}. For {mix}: {ship} — {d.reason} (recommend's rule, measured on {d.variant})."
 
 
-def _scope_md(doc, records, nums) -> str:
-    tied = "; ".join(f"{r['case']} ({r['verdict']})" for r in nums["gain"] if r["verdict"] != "FASTER")
+def _scope(doc, records, nums):
+    rows = []
+    for text, oid, nid in doc["decision"]:
+        for side, cid in ((OFF, oid), (ON, nid)):
+            r = _one(records, "scope", side, cid)
+            g = (r.timing.get("group_medians_us") or []) if r is not None and r.status == "ok" else []
+            if len(g) > 1 and r.timing.get("rel_noise") is not None:
+                m, h = r.timing["median_us"], r.timing["median_us"] * r.timing["rel_noise"]
+                rows.append({"case": text, "side": side, "mean_us": m, "half_us": h, "min_us": min(g),
+                             "max_us": max(g), "placements": len(g), "wider": (max(g) - min(g)) / 2 > h})
+    tied = "; ".join(f"{r['case']} ({r['verdict']})" for r in nums["gain"] or () if r["verdict"] != "FASTER")
     out = [f"- Measured on {doc['device']} only, at the spec's shapes ({len(doc['pairs'])} cases); other GPUs and "
            "shapes outside the spec were not measured.", f"- Tied or lost: {tied or 'none'}."]
-    rows = [[r["case"], r["side"], f"{r['mean_us']:.3f} ± {r['half_us']:.3f}",
-             f"{r['min_us']:.3f}–{r['max_us']:.3f}", r["placements"], "yes" if r["wider"] else "no"]
-            for r in nums["scope"]]
-    if rows:
-        out += ["- One deployment sees one buffer placement: each decision case timed with one placement per timer "
-                "group; where the range is wider than the interval, that is the spread a deployment may see.", "",
-                md_table(["case", "arm", "mean µs", "per-placement min–max µs", "placements",
-                          "wider than the interval"], rows)]
-    else:
-        out.append("- Per-placement range: not measured (the spec times a single placement group).")
-    return "\n".join(out)
+    if not rows:
+        return rows, "\n".join(out + ["- Per-placement range: not measured (the spec times a single placement group)."])
+    return rows, "\n".join(out + [
+        "- One deployment sees one buffer placement: each decision case timed with one placement per timer group; "
+        "where the range is wider than the interval, that is the spread a deployment may see.", "",
+        md_table(["case", "arm", "mean µs", "per-placement min–max µs", "placements", "wider than the interval"],
+                 [[r["case"], r["side"], f"{r['mean_us']:.3f} ± {r['half_us']:.3f}",
+                   f"{r['min_us']:.3f}–{r['max_us']:.3f}", r["placements"], "yes" if r["wider"] else "no"]
+                  for r in rows])])
 
 
-def _protocol(doc, records, nums) -> str:
+def _protocol(doc, records, nums):
     p = doc["provenance"]
     d = p.get("device") or {}
+    megatron = ", ".join(f"{k} {v}" for k, v in (p.get("upstream") or {}).items()) or "not used"
     lines = [f"- Device: {d.get('name')} (UUID {d.get('uuid') or '—'}), driver {d.get('driver') or '—'}, CUDA "
              f"{d.get('cuda') or '—'}, torch {d.get('torch')}, triton {d.get('triton')}.",
-             f"- moebench {p.get('moebench')} at commit {p.get('git_commit')}; megatron: "
-             + (", ".join(f"{k} {v}" for k, v in (p.get("upstream") or {}).items()) or "not used") + ".",
+             f"- moebench {p.get('moebench')} at commit {p.get('git_commit')}; megatron: {megatron}.",
              f"- Timer: {doc['timer']}", f"- Arm order: {doc['order']}, in one process; per-arm settings: OFF "
              f"{', '.join(doc['off'])}; ON {', '.join(doc['on'])}.", f"- This page: `{p.get('command')}`.", "",
              "Each section alone (the standalone commands run the spec's own cases; a per-arm kernel source exists "
              "only in `pr`):", ""]
-    return "\n".join(lines + [f"- {TITLES.get(s, s)}: `{c}`" for s, c in doc["commands"].items()])
+    return None, "\n".join(lines + [f"- {TITLES[s]}: `{c}`" for s, c in doc["commands"].items()])
 
 
-_RENDER: dict[str, Any] = {"summary": _summary, "changed": _changed, "gain": _gain_md, "separation": _separation_md,
-                           "counters": _counters_md, "layer": _layer, "correctness": _correctness_md,
-                           "killswitch": _killswitch_md, "scope": _scope_md, "protocol": _protocol}
+_SECTION = {"summary": _summary, "changed": _changed, "gain": _gain, "separation": _separation, "counters": _counters,
+            "layer": _layer, "correctness": _correctness, "killswitch": _killswitch, "scope": _scope,
+            "protocol": _protocol}

@@ -85,11 +85,11 @@ def file_sha(path: str | Path) -> str | None:
         return None
 
 
-def compiled(modules) -> dict[str, list[str]]:
-    """Per Triton kernel defined in `modules`, the hashes of its compiled entries (read defensively:
+def compiled(mods) -> dict[str, list[str]]:
+    """Per Triton kernel defined in the modules `mods`, the hashes of its compiled entries (read defensively:
     `device_caches` of triton 3.6 to 3.9); none under the interpreter, which compiles nothing."""
     out: dict[str, list[str]] = {}
-    for m in modules:
+    for m in mods:
         for name, fn in list(vars(m).items()):
             caches = getattr(fn, "device_caches", None)
             if not isinstance(caches, dict):

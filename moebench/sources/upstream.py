@@ -106,6 +106,7 @@ def status(name: str, root: Path | None = None) -> Status:
 
 
 _LOADED: dict[str, Any] = {}
+_MODULES: dict[str, Any] = {}  # as _LOADED: the module each object came from
 _ROOT: list[Path] = []  # the checkout one arm of `moebench pr` takes its kernels from (`rooted`)
 
 
@@ -146,6 +147,7 @@ def load(name: str) -> Any:
         raise Unavailable(f"upstream {st.attr}: importing {st.module} from {st.source} failed: "
                           f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
     _LOADED[name] = obj
+    _MODULES[name] = sys.modules[st.module]
     return obj
 
 
@@ -164,15 +166,15 @@ def _run_file(name: str, root: Path) -> Any:
         except Exception as e:  # noqa: BLE001 - as in load: any failure means unavailable
             del sys.modules[private]
             raise Unavailable(f"upstream {st.attr}: running {path} failed: {type(e).__name__}: {e}") from None
-        _LOADED[key] = getattr(module, st.attr)
+        _LOADED[key], _MODULES[key] = getattr(module, st.attr), module
     return _LOADED[key]
 
 
 def loaded_modules(root: Path | None = None) -> list:
     """The modules of the kernels loaded so far from checkout `root` (None: from the process's
     megatron), for what an arm of `moebench pr` ran."""
-    objs = [o for k, o in _LOADED.items() if (k.endswith(f"@{root}") if root is not None else "@" not in k)]
-    return list({id(m): m for o in objs if (m := sys.modules.get(getattr(o, "__module__", ""))) is not None}.values())
+    mods = [m for k, m in _MODULES.items() if (k.endswith(f"@{root}") if root is not None else "@" not in k)]
+    return list({id(m): m for m in mods}.values())
 
 
 def provenance() -> dict:

@@ -16,8 +16,8 @@ from moebench.core.cases import expand
 from moebench.core.family import catalogue
 from moebench.core.records import Record
 from moebench.core.spec import load_spec
-from moebench.report.pr import SECTIONS, TITLES, counters_sentence, numbers, page
-from moebench.sources import arms, plugins
+from moebench.report.pr import SECTIONS, TITLES, build, counters_sentence
+from moebench.sources import arms, plugins, upstream
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 BLOCK_LINE = 'grid, block, nw = params["grid"], params["block_size"], params["num_warps"]'
@@ -30,6 +30,8 @@ def isolated(monkeypatch):
     monkeypatch.setattr(plugins, "_LOADED", {})
     monkeypatch.setattr(arms, "_ARMS", [])
     monkeypatch.setattr(arms, "_CHECKOUTS", {})
+    monkeypatch.setattr(upstream, "_LOADED", {})
+    monkeypatch.setattr(upstream, "_MODULES", {})
     for fam in catalogue().values():
         monkeypatch.setattr(fam, "variants", dict(fam.variants))
 
@@ -131,6 +133,48 @@ def test_variant_arms_a_plugin_against_the_built_in(tmp_path, capsys, isolated):
     assert "chunking=strided" in _section(md, "What changed") and f"plugin {plug.resolve()}" in md
 
 
+# A stand-in for Megatron's count kernel: this test's own code, with Megatron's kernel and argument names.
+PERMUTE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _count_local_tokens_kernel_persistent(routing_map_ptr, tokens_per_expert_ptr, valid_tokens_ptr, topk,
+                                          local_expert_start, num_local_experts: tl.constexpr, num_sms,
+                                          BLOCK_SIZE: tl.constexpr):
+    n = tl.load(valid_tokens_ptr) * topk
+    for start in tl.range(tl.program_id(0) * BLOCK_SIZE, n, num_sms * BLOCK_SIZE):
+        offs = start + tl.arange(0, BLOCK_SIZE)
+        e = tl.load(routing_map_ptr + offs, mask=offs < n, other=-1) - local_expert_start
+        tl.atomic_add(tokens_per_expert_ptr + e, 1, mask=(offs < n) & (e >= 0) & (e < num_local_experts))
+"""
+
+
+def test_checkout_arms_run_each_checkouts_kernel_file(tmp_path, capsys, isolated):
+    """Two Megatron-LM checkouts, one per arm: each arm's `upstream` runs its own checkout's kernel file,
+    both in one process, and the page names each file's hash."""
+    roots = []
+    for name, extra in (("a", ""), ("b", "# the candidate\n")):
+        moe = tmp_path / name / "megatron" / "core" / "inference" / "moe"
+        moe.mkdir(parents=True)
+        (moe / "permute.py").write_text(PERMUTE + extra)
+        roots.append(tmp_path / name)
+    code, _, err = run_cli(["pr", _tiny(tmp_path), "--off", f"megatron_lm={roots[0]}", "--on", f"megatron_lm={roots[1]}",
+                            "--off", "variant=upstream", "--on", "variant=upstream", "--out", str(tmp_path),
+                            "--sections", "changed,correctness"], capsys)
+    assert code == 0, err
+    doc, md = _doc(tmp_path, "tiny-pr")
+    code_of = doc["provenance"]["pr"]["code"]
+    (ca,), (cb,) = code_of[OFF].values(), code_of[ON].values()
+    assert (ca["source"], cb["source"]) == (f"checkout {roots[0].resolve()}", f"checkout {roots[1].resolve()}")
+    (fa, ha), (fb, hb) = next(iter(ca["files"].items())), next(iter(cb["files"].items()))
+    assert fa.startswith(str(roots[0].resolve())) and fb.startswith(str(roots[1].resolve())) and ha != hb
+    n = doc["numbers"]["correctness"]
+    assert n["equal"] == n["n"] > 0 and n["ref"][ON]["exact"] == n["n"]
+    assert {r["variant"] for r in doc["records"]} == {"upstream@off", "upstream@on"}
+
+
 def test_ab_takes_variant_arms():
     """`ab --off variant=A --on variant=B`: each case's variant is replaced, its launch parameters kept
     where the new variant takes them (the family default where the case had none), the label follows."""
@@ -226,7 +270,7 @@ def test_the_timed_sections_through_the_run_driver(tmp_path, capsys, gpu_stand_i
                                    "dram_pct": 0.4, "l2_pct": 3.0}
             r.cross["verdict"] = {"bound": "latency"}
     pr = doc["provenance"]["pr"] | {"provenance": doc["provenance"]}
-    md2 = page(pr, records, numbers(pr, records), ["counters"])
+    md2 = build(pr, records, ["counters"])[1]
     assert "| instructions | 41000 | 42000 |" in md2 and "| bound | latency | latency |" in md2
     assert "latency, spread over 16 CTAs with work in ON against 2 in OFF" in md2
 
