@@ -9,7 +9,7 @@ from __future__ import annotations
 from moebench.analysis import value_of
 from moebench.analysis.ab import OFF, ON, ABPair, Arm, ab_markdown, ab_stats, min_detectable, per_step
 from moebench.analysis.compare import classify
-from moebench.analysis.recommend import decide
+from moebench.analysis.recommend import decide, switches
 from moebench.core.family import get_family
 from moebench.core.text import md_table, num
 from moebench.errors import UsageError
@@ -240,21 +240,28 @@ def _correctness(doc, records, nums):
 
 
 def _killswitch(doc, records, nums):
-    """recommend's rule on both arms' timed records: a value is shipped only where it beats the
-    shipped default over the mix beyond noise; else the default stays."""
+    """The family's kill switches whose parameter the two arms launch with different values (the
+    OFF arm's value restores its behaviour), and the value to ship: recommend's rule on both arms'
+    timed records, a value only where it beats the shipped default over the mix beyond noise."""
+    fam, gain = get_family(doc["family"]), _runs(records, "gain")
+    ids = {ids[i] for _, *ids in doc["decision"] for i in (0, 1)}
+    a, b = (next((r for r in _runs(records, "gain", s) if r.case_id in ids), None) for s in (OFF, ON))
+    sws = [sw for sw in switches(fam).values() if a and b and value_of(a, sw.param) != value_of(b, sw.param)]
+    if not sws:
+        return {}, (f"The arms launch every kill switch's parameter alike (family {fam.name!r}: "
+                    f"{', '.join(f'{sw.var} ({sw.param})' for sw in switches(fam).values()) or 'none'}).")
+    k = {"variable": sws[0].var, "param": sws[0].param, "default": sws[0].default, "restore": value_of(a, sws[0].param)}
     try:
-        d = decide(_runs(records, "gain"), get_family(doc["family"]), weights_text=doc.get("weights"))[0]
-    except UsageError as e:  # recommend's message, without the option it names there
-        why = str(e).removeprefix("--emit: ")
-        return {"reason": why}, f"No kill switch to judge: {why}."
-    off = next((r for r in _runs(records, "gain", OFF) if r.label == d.variant), None) or _runs(records, "gain", OFF)[0]
-    k = {"variable": d.switch.var, "param": d.switch.param, "default": d.switch.default, "ship": d.value,
-         "restore": value_of(off, d.switch.param), "emitted": d.emit, "reason": d.reason, "variant": d.variant}
-    restore = (f"`{k['variable']}={k['restore']}` restores the OFF arm's behaviour" if k["restore"] is not None else
-               f"the OFF arm does not set {k['param']}: no value of `{k['variable']}` restores it")
-    ship = f"ship `{d.switch.var}={d.value}`" if d.emit else f"keep the default (`{d.switch.var}={d.value}`)"
+        d = next(d for d in decide(gain, fam, weights_text=doc.get("weights")) if d.switch.var == k["variable"])
+        k |= {"ship": d.value, "emitted": d.emit, "reason": d.reason, "variant": d.variant}
+        how = (f"ship `{d.switch.var}={d.value}`" if d.emit else f"keep the default (`{d.switch.var}={d.value}`)") \
+            + f" — {d.reason} (measured on {d.variant})"
+    except (UsageError, StopIteration) as e:  # recommend's message, without the option it names there
+        k["reason"] = how = "not judged here: " + str(e).removeprefix("--emit: ")
     mix = f"the mix {doc['weights']}" if doc.get("weights") else "every shape weighted equally"
-    return k, f"{restore}. For {mix}: {ship} — {d.reason} (recommend's rule, measured on {d.variant})."
+    return k, (f"`{k['variable']}={k['restore']}` restores the OFF arm's behaviour ({k['param']} "
+               f"{k['restore']}; ON launches {value_of(b, k['param'])}). The value to ship for {mix}, by "
+               f"recommend's rule (only where it beats the shipped default beyond noise): {how}.")
 
 
 def _scope(doc, records, nums):
