@@ -23,8 +23,8 @@ from moebench.analysis import results_json_layout
 from moebench.analysis.ab import (OFF, ON, Setting, ab_document, ab_pairs, arm_environ, arm_order, check_ab,
                                   check_arm_environments, parse_setting, run_arms, timer_text)
 from moebench.analysis.recommend import parse_weights
-from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, print_markdown,
-                                 select_backend, use_sources)
+from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, print_failures,
+                                 print_markdown, select_backend, use_sources)
 from moebench.core import counters, device as devices
 from moebench.core.baseline import launch_layers
 from moebench.core.cases import expand
@@ -93,16 +93,12 @@ def pr(
         prov = {**doc["provenance"], "pr": {k: v for k, v in doc.items() if k != "provenance"}}
         atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, run.records, numbers=nums))
         atomic_write_text(dest / f"{stem}.md", md)
-    if markdown:
-        print_markdown(md)
-    else:
-        out.print(build(doc, run.records, ["summary"])[1].split("\n\n", 3)[-1], highlight=False, soft_wrap=True)
+    if markdown or "summary" in want:
+        print_markdown(md if markdown else md.split("### Summary\n\n", 1)[1].split("\n", 1)[0])
     out.print(f"Wrote {dest / stem}.md, {dest / stem}.json", highlight=False)
-    failed = [r for r in run.records if r.status not in ("ok", "unavailable")]
-    for r in failed[:5]:
-        err.print(f"failed: {r.timing['pr_run']} {r.timing['pr_side']} {r.case_id} {r.label}: {r.status}: "
-                  + (r.error or "").partition("\n")[0], highlight=False, soft_wrap=True)
-    raise typer.Exit(ExitCode.CASE_FAILED if failed else ExitCode.OK)
+    print_failures(run.records)
+    raise typer.Exit(ExitCode.CASE_FAILED if any(r.status not in ("ok", "unavailable") for r in run.records)
+                     else ExitCode.OK)
 
 
 def parse_sections(text: str | None) -> list[str]:

@@ -50,6 +50,11 @@ def build(doc: dict, records: list, want) -> tuple[dict, str]:
     head = [f"## Performance: {', '.join(doc['on'])} (ON) against {', '.join(doc['off'])} (OFF)", "",
             f"`moebench pr {doc['spec']}` on {doc['device']}. ON is the candidate, OFF the control; µs per launch, "
             "lower is better.", ""]
+    failed = [r for r in records if r.status not in ("ok", "unavailable")]
+    if failed:
+        r = failed[0]
+        head += [f"**{len(failed)} case(s) failed**, e.g. {r.timing['pr_run']} {r.timing['pr_side']} `{r.case_id}` "
+                 f"{r.label}: {r.status}: {(r.error.splitlines() or [''])[0]}", ""]
     body = [x for s in SECTIONS if s in want for x in (f"### {TITLES[s]}", "", text[s].rstrip(), "")]
     return nums, "\n".join(head + body).rstrip() + "\n"
 

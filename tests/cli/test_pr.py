@@ -118,6 +118,19 @@ def test_plugin_arms_prove_which_code_ran(tmp_path, capsys, isolated):
     assert {r["variant"] for r in doc["records"]} == {"mine@off", "mine@on"}
 
 
+def test_a_failed_case_is_on_the_page_and_exits_1(tmp_path, capsys, isolated):
+    src = (EXAMPLES / "count_histogram.py").read_text().replace('"histogram"', '"mine"')
+    bad = tmp_path / "bad.py"  # counts every pair twice
+    bad.write_text(src.replace("hist += tl.histogram(", "hist += 2 * tl.histogram("))
+    (tmp_path / "good.py").write_text(src)
+    code, _, err = run_cli(["pr", _tiny(tmp_path), "--off", f"plugin={tmp_path / 'good.py'}", "--on", f"plugin={bad}",
+                            "--out", str(tmp_path), "--sections", "correctness"], capsys)
+    doc, md = _doc(tmp_path, "tiny-pr")
+    n = doc["numbers"]["correctness"]
+    assert code == 1 and "mismatch" in err and n["equal"] < n["n"] and n["did_work"] > 0
+    assert re.search(r"\*\*\d+ case\(s\) failed\*\*, e\.g\. correctness ON `\w+` mine@on: mismatch", md)
+
+
 def test_variant_arms_a_plugin_against_the_built_in(tmp_path, capsys, isolated):
     plug = tmp_path / "count_histogram.py"
     shutil.copy(EXAMPLES / "count_histogram.py", plug)
