@@ -222,8 +222,8 @@ def variant_code(family, name: str) -> dict:
     v = family.variants[name]
     if v.source.startswith("plugin "):
         return {"source": v.source, "sha256": _source_sha(v.source)}
-    files = {portable_path(m.__file__): arms.file_sha(m.__file__) for m in arms.modules(family, name)
-             if isinstance(getattr(m, "__file__", None), str)}
+    files = {portable_path(m.__file__): hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest()
+             for m in arms.modules(family, name) if isinstance(getattr(m, "__file__", None), str)}
     root = arms.checkout(name)
     if root is not None:
         return {"source": f"checkout {root}", "commit": upstream.git_head(root), "files": files}

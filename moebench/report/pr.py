@@ -168,7 +168,8 @@ def _counters(doc, records, nums):
             out.append(f"{text}: no counters: {why}.")
             continue
         rows[-1]["sentence"] = counters_sentence(ca, cb, a.work, b.work)
-        table = [[name, ca.get(k, "—"), cb.get(k, "—")] for name, k in COUNTERS.items()] + [["bound", *bound]]
+        table = [[name, *("—" if c.get(k) is None else c[k] for c in (ca, cb))] for name, k in COUNTERS.items()]
+        table.append(["bound", *bound])
         out += [f"**{text}** (Nsight Compute, one graph replay per arm):", "",
                 md_table(["counter", "OFF", "ON"], table), "", rows[-1]["sentence"], ""]
     return rows, "\n".join(out) or "No counters at the decision shapes (their cases did not run)."

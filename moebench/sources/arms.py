@@ -1,19 +1,17 @@
 """Kernel sources per arm of `moebench pr`: two versions of one kernel in one process.
 
-- `plugin=FILE.py`: the file runs with every variant name it registers suffixed by the arm
-  (`histogram@on`; moebench.sources.plugins), so two files that register the same name coexist.
-- `megatron_lm=PATH`: each upstream variant of the family gets a clone `NAME@on` whose builder
-  runs the original one inside `upstream.rooted(PATH)`, so its kernel comes from that checkout's
-  kernel module file (under a private module name), beside the other arm's.
+- `plugin=FILE.py`: the file runs with each variant name it registers suffixed by the arm
+  (`histogram@on`; moebench.sources.plugins), so two files registering one name coexist.
+- `megatron_lm=PATH`: each upstream variant of the family gets a clone `NAME@on` whose builder runs
+  the original inside `upstream.rooted(PATH)`: its kernel comes from that checkout's kernel file.
 
-What ran is shown afterwards: `compiled` reads the Triton kernels a module defines that have
-compiled entries. The counters child re-creates the arms from `loaded()` (`restore`).
+`modules` and `compiled` say afterwards which code ran; the counters child re-creates the arms
+from `loaded()` (`restore`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -76,13 +74,6 @@ def modules(family, variant: str) -> list:
 
 def checkout(variant: str) -> Path | None:
     return _CHECKOUTS.get(variant)
-
-
-def file_sha(path: str | Path) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
 
 
 def compiled(mods) -> dict[str, list[str]]:
