@@ -252,17 +252,16 @@ def gpu_stand_in(monkeypatch):
 
 
 def test_the_timed_sections_through_the_run_driver(tmp_path, capsys, gpu_stand_in):
-    code, out, err = run_cli(["pr", "count-block", "--quick", "--off", "block_size=1024", "--on", "block_size=128",
-                              "--arms", "2", "--iters", "2", "--weights", "7=1,256=3", "--out", str(tmp_path)], capsys)
+    code, out, err = run_cli(["pr", _tiny(tmp_path), "--quick", "--off", "block_size=1024", "--on", "block_size=128",
+                              "--arms", "2", "--iters", "2", "--weights", "7=1,40=3", "--out", str(tmp_path)], capsys)
     assert code == 0, err
-    doc, md = _doc(tmp_path)
+    doc, md = _doc(tmp_path, "tiny-pr-quick")
     runs = {(r["timing"]["pr_run"], r["timing"]["pr_side"]) for r in doc["records"]}
     assert {(run, side) for run in ("correctness", "gain", "separation", "scope", "layer") for side in (OFF, ON)} == runs
     gain = doc["numbers"]["gain"]
-    assert [g["case"] for g in gain] == ["tokens=0", "tokens=7", "tokens=256"] and {g["verdict"] for g in gain} == {
-        "FASTER"}
+    assert [g["case"] for g in gain] == ["tokens=7", "tokens=40"] and {g["verdict"] for g in gain} == {"FASTER"}
     sep = doc["numbers"]["separation"]
-    assert [s["case"] for s in sep] == ["tokens=256"]  # the largest weight
+    assert [s["case"] for s in sep] == ["tokens=40"]  # the largest weight
     assert sep[0]["separation"] == "better" and 0 < sep[0]["min_detectable_us"] < abs(sep[0]["delta"])
     assert "every ON iteration beats every OFF iteration" in _section(md, "Summary")
     assert "(two-sided α = 0.05, power 0.8" in _section(md, "Arm separation")
@@ -285,7 +284,7 @@ def test_the_timed_sections_through_the_run_driver(tmp_path, capsys, gpu_stand_i
     pr = doc["provenance"]["pr"] | {"provenance": doc["provenance"]}
     md2 = build(pr, records, ["counters"])[1]
     assert "| instructions | 41000 | 42000 |" in md2 and "| bound | latency | latency |" in md2
-    assert "latency, spread over 16 CTAs with work in ON against 2 in OFF" in md2
+    assert "latency, spread over 3 CTAs with work in ON against 1 in OFF" in md2
 
 
 def test_the_counters_sentence_follows_the_first_rule_that_applies():
