@@ -9,11 +9,13 @@ run driver of each arm), so nothing here imports a kernel or torch.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from moebench.analysis import metric_of
-from moebench.core.stats import mean, pooled_sd, stdev
+from moebench.core.family import REQUIRED
+from moebench.core.stats import mean, pooled_sd, stdev, t975
 from moebench.errors import UsageError
 
 OFF, ON = "OFF", "ON"
@@ -107,6 +109,17 @@ def ab_stats(arms: Sequence[Arm], *, lower_is_better: bool = True) -> ABStats:
                    worst_on=worst_on, best_off=best_off, separation=separation, margin=margin, effect=effect)
 
 
+def min_detectable(sd_off: float, sd_on: float, n_off: int, n_on: int, power: float = 0.8) -> float:
+    """The smallest difference of means a two-sided test at alpha = 0.05 finds with probability
+    `power`, from the two sides' sds pooled and the measurements per side: (t(0.975, n - 2) +
+    z(power)) x sd x sqrt(1/n_off + 1/n_on), the power quantile taken from the normal."""
+    df = n_off + n_on - 2
+    if n_off < 2 or n_on < 2:
+        return math.inf
+    sd = math.sqrt(((n_off - 1) * sd_off ** 2 + (n_on - 1) * sd_on ** 2) / df)
+    return (t975(df) + NormalDist().inv_cdf(power)) * sd * math.sqrt(1 / n_off + 1 / n_on)
+
+
 def separation_text(st: ABStats, unit: str = "µs", digits: int = 3) -> str:
     """One sentence in the seed PRs' words, e.g. "max(ON) = 2.113 < min(OFF) = 8.041 µs — every ON
     iteration beats every OFF iteration, with a 5.928 µs margin"."""
@@ -167,7 +180,8 @@ def projection_text(p: Projection | None) -> str:
 
 @dataclass(frozen=True)
 class Setting:
-    """One KEY=VAL of `ab --off/--on`: a spec parameter, or an environment variable (env:NAME)."""
+    """One KEY=VAL of `ab --off/--on`: a spec parameter, `variant`, or an environment variable
+    (env:NAME, or a kill switch the family's variants declare, given bare)."""
 
     key: str
     value: Any
@@ -177,22 +191,32 @@ class Setting:
         return f"{'env:' if self.env else ''}{self.key}={self.value}"
 
 
-def parse_setting(text: str, family, option: str) -> Setting:
-    """Parse and check one KEY=VAL against the family's parameters (values as YAML scalars)."""
+def parse_setting(text: str, family, option: str, more: str = "") -> Setting:
+    """Parse and check one KEY=VAL against the family's parameters (values as YAML scalars), its
+    variants (`variant=NAME`) and its kill switches (`MCORE_COUNT_TOKENS_BLOCK=1024`). `more`:
+    what else the command accepts, for the message naming an unknown key."""
     import yaml
 
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise UsageError(f"{option}: expected KEY=VAL or env:NAME=VAL, got {text!r}")
-    if key.startswith("env:"):
-        name = key[4:]
+    switches = sorted({var for v in family.variants.values() for var, _ in v.env.values()})
+    if key.startswith("env:") or key in switches:
+        name = key.removeprefix("env:")
         if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise UsageError(f"{option}: {key!r} is not an environment variable name")
         return Setting(name, raw, env=True)
+    if key == "variant":
+        if raw not in family.variants:
+            raise UsageError(f"{option}: variant: expected one of {', '.join(family.variants)} (family "
+                             f"{family.name!r}), got {raw!r}")
+        return Setting(key, raw)
     if key not in family.params:
         raise UsageError(f"{option}: unknown parameter {key!r} of family {family.name!r}; expected one of "
-                         f"{', '.join(family.params)} (or env:NAME=VAL for an environment variable)")
+                         f"{', '.join(family.params)}, variant=NAME, "
+                         + (f"a kill switch ({', '.join(switches)}), " if switches else "")
+                         + f"{more}or env:NAME=VAL for an environment variable")
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
@@ -228,41 +252,52 @@ class ABPair:
 
 
 def ab_pairs(spec, cases: list, off: Sequence[Setting], on: Sequence[Setting]) -> tuple[list[ABPair], list[str]]:
-    """Apply each side's parameter settings to every case; cases that differ only in an overridden
-    parameter collapse into one pair. Returns the pairs and notes on what was left out."""
+    """Apply each side's settings to every case: `variant=NAME` replaces the case's variant (and its
+    label, where that was the variant's name), keeping its launch parameters where the new variant
+    takes them (the family default where the case had none); the parameters set then. Cases whose
+    two sides come out the same collapse into one pair. Returns the pairs and notes on what was left
+    out: cases whose variant would not read a parameter a side sets."""
     from moebench.core.cases import case_id
 
     fam = spec.family
-    keys = [s.key for s in list(off) + list(on) if not s.env]
+    keys = [s.key for s in list(off) + list(on) if not s.env and s.key != "variant"]
     has_env = any(s.env for s in list(off) + list(on))
     notes: list[str] = []
     skipped: dict[str, list[str]] = {}
 
+    def variant_of(case, settings) -> str:
+        return next((s.value for s in settings if s.key == "variant" and not s.env), case.variant)
+
     def apply(case, settings):
-        params = dict(case.params)
-        used = fam.variants[case.variant].params
+        params, variant, label = dict(case.params), variant_of(case, settings), case.label
+        used = fam.variants[variant].params
+        if variant != case.variant:
+            label = variant if label == case.variant else label
+            for k in fam.launch_params:
+                default = fam.params[k].default if fam.params[k].default is not REQUIRED else None
+                params[k] = (default if params[k] is None else params[k]) if k in used else None
         for s in settings:
-            if not s.env and (fam.params[s.key].role != "launch" or s.key in used):
+            if not s.env and s.key != "variant" and (fam.params[s.key].role != "launch" or s.key in used):
                 params[s.key] = s.value
-        return replace(case, params=params, id=case_id(case.family, case.label, params))
+        return replace(case, variant=variant, label=label, params=params, id=case_id(case.family, label, params))
 
     seen: dict[tuple, ABPair] = {}
     for c in cases:
-        used = fam.variants[c.variant].params
-        ignored = [k for k in keys if fam.params[k].role == "launch" and k not in used]
+        ignored = sorted({s.key for side in (off, on) for s in side if not s.env and s.key in keys
+                          and fam.params[s.key].role == "launch"
+                          and s.key not in fam.variants[variant_of(c, side)].params})
         if ignored and not has_env:  # the variant would run the same launch on both sides
             skipped.setdefault(c.label, ignored)
             continue
-        pkey = (c.label,) + tuple((k, repr(v)) for k, v in c.params.items() if k not in keys)
-        if pkey not in seen:
-            seen[pkey] = ABPair("", apply(c, off), apply(c, on))
+        p = ABPair("", apply(c, off), apply(c, on))
+        seen.setdefault((p.off.id, p.on.id), p)
     for label, ignored in skipped.items():
         notes.append(f"variant {label!r} does not read {', '.join(ignored)}: its cases are left out")
     pairs = list(seen.values())
     if not pairs:
         raise UsageError(f"no case of {spec.name} reads {', '.join(keys)}; variants: "
                          + ", ".join(f"{v.name} ({', '.join(v.params) or 'none'})" for v in fam.variants.values()))
-    if all(p.off.params == p.on.params for p in pairs) and \
+    if all(p.off.id == p.on.id for p in pairs) and \
             {s.text() for s in off if s.env} == {s.text() for s in on if s.env}:
         raise UsageError(f"--off and --on give the same configuration ({settings_text(off)}); nothing to compare")
     labels = {p.off.label for p in pairs}
@@ -273,7 +308,7 @@ def ab_pairs(spec, cases: list, off: Sequence[Setting], on: Sequence[Setting]) -
         bits = [p.off.label] if len(labels) > 1 else []
         bits += [f"{k}={p.off.params.get(k)}" for k in vary]
         p.text = ", ".join(bits) or p.off.label
-    if not keys:
+    if not keys and not any(s.key == "variant" for s in list(off) + list(on)):
         env = sorted({s.key for s in list(off) + list(on)})
         notes.append(f"OFF and ON differ only in ${', $'.join(env)}: a case whose variant does not read it "
                      "times the same launch on both sides")

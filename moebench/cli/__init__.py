@@ -3,6 +3,7 @@
 - moebench.cli.run: sweep, verify
 - moebench.cli.info: validate, list, show, render, device
 - moebench.cli.analysis: ab, compare, recommend, plot
+- moebench.cli.pr: pr
 - moebench.cli.parallel: merge
 - moebench.cli.history: history add | show | check
 
@@ -23,7 +24,7 @@ import traceback
 import typer
 from rich.markup import escape
 
-from moebench.cli import analysis, history, info, parallel, run
+from moebench.cli import analysis, history, info, parallel, pr, run
 from moebench.cli.common import STATE, err, fit_consoles, install_interrupts
 from moebench.core.tritonpatch import leave
 from moebench.errors import ExitCode, Interrupted, MoebenchError
@@ -32,7 +33,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="CUDA-graph microbenchmarks for the small kernels of MoE inference.\n\n"
                        "Exit codes: 0 ok; 1 a case failed; 2 a usage, spec or results-file error; 3 an internal "
                        "error (a bug); 130/143 interrupted (completed records saved).")
-for sub in (run.app, info.app, analysis.app, parallel.app):
+for sub in (run.app, info.app, analysis.app, pr.app, parallel.app):
     app.add_typer(sub)
 app.add_typer(history.app, name="history")
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from moebench.core.family import switch_variables
+from moebench.sources import arms
 
 # ----------------------------------------------------------------------------------- metrics
 
@@ -503,6 +504,7 @@ def job_document(spec, cases: Sequence[Any], records: Sequence[Any], *, plugins:
     return {
         "spec": str(spec.path),
         "plugins": list(plugins),
+        "arms": arms.loaded(),  # the kernel sources of `moebench pr`'s arms (moebench.sources.arms)
         "environ": {k: environ[k] for k in sorted(switch_variables()) if k in environ},
         "warm_replays": warm_replays,
         "manifest": manifest,

@@ -27,10 +27,11 @@ import triton.language as tl
 from moebench.core import interpret
 from moebench.core.cases import Case, shape_key
 from moebench.core.device import detect
+from moebench.core.family import get_family
 from moebench.core.spec import load_spec
 from moebench.core.text import one_line
 from moebench.core.timing import capture
-from moebench.sources import plugins
+from moebench.sources import arms, plugins
 
 
 @triton.jit
@@ -41,6 +42,7 @@ def _moebench_counters_mark(out_ptr):  # (1,) int32; grid = (case index + 1,)
 def run(job: dict) -> list[dict]:
     """Launch every case of the job as described above; returns the manifest entries."""
     plugins.use([Path(p) for p in job.get("plugins", [])])
+    arms.restore(job.get("arms"), get_family)
     environ = job.get("environ", {})  # the run's kill switches, as the timed run read them
     cuda = torch.cuda.is_available() and not interpret.active()
     device = detect(not cuda)

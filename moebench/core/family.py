@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping
 from moebench.core import interpret
 from moebench.core.text import one_line, show
 from moebench.errors import UsageError
-from moebench.sources.plugins import current_source, load_installed
+from moebench.sources.plugins import current_source, current_suffix, load_installed
 
 REQUIRED = object()
 
@@ -218,9 +218,11 @@ class FamilySpec:
                 twins: tuple[str, ...] = (), work: Callable | None = None):
         """Decorator: `fn` builds variant `name`. For a kernel family, fn(inputs, params, device)
         -> Built; for a host-only family, fn(params) -> dict of results. `source` defaults to
-        "builtin", or "plugin FILE" while a plugin file registers it. `work(params, geometry,
+        "builtin", or "plugin FILE" while a plugin file registers it; an arm's file (`pr --on
+        plugin=FILE`) registers `name` + its suffix ("histogram@on"). `work(params, geometry,
         device) -> dict` is the variant's own work model (bytes moved, ctas, ctas_with_work, ...:
         what its floors are read against); without one the family's `work` stands for it."""
+        name += current_suffix()
         if work is not None and not callable(work):
             raise TypeError(f"variant {name!r} of {self.name!r}: work= must be a function work(params, geometry, "
                             f"device) -> dict, got {show(work)}")

@@ -286,7 +286,7 @@ class Counters(Pass):
     def after_all(self, ctx: AfterAll) -> None:
         try:
             counters.collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
-                    environ=ctx.environ, plugins=[p["path"] for p in plugins.loaded()])
+                    environ=ctx.environ, plugins=[p["path"] for p in plugins.loaded() if "suffix" not in p])
         except Exception as e:  # noqa: BLE001 - the timings stand; every record says what went wrong
             for rec in ctx.records:
                 if rec.status == "ok" and "verdict" not in rec.cross:

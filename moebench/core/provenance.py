@@ -28,7 +28,7 @@ from moebench import __version__
 from moebench.core.baseline import baseline_ids
 from moebench.core.cases import expand
 from moebench.core.spec import PACKAGE_ROOT
-from moebench.sources import plugins, upstream
+from moebench.sources import arms, plugins, upstream
 
 # Where the tree has no .git of its own (copied to a GPU machine), the commit it was copied from
 COMMIT_ENV = "MOEBENCH_COMMIT"
@@ -179,9 +179,9 @@ def run_settings(spec, device, *, timed: bool, cross: Iterable[str], environ: Ma
 def _source_sha(source: str) -> str | None:
     """sha256 of the plugin code behind a variant's or family's source ('plugin FILE', or 'plugin
     MODULE (entry point NAME)'): the file, and every module loaded now (sys.modules) from a file
-    under that file's folder, so that editing a module the plugin reads re-runs its cases too
-    (moebench, installed libraries and the standard library aside: not the plugin's code). None
-    for built-in and upstream code."""
+    under that file's folder, moebench's own package aside, so that editing a module a plugin
+    imports re-runs its cases too (installed libraries, the standard library and the other plugin
+    files loaded aside: those are not this plugin's code). None for built-in and upstream code."""
     if not isinstance(source, str) or not source.startswith("plugin "):
         return None
     what = source[len("plugin "):]
@@ -198,11 +198,12 @@ def _source_sha(source: str) -> str | None:
     folder = main.parent
     not_theirs = [Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
     files = {main}
+    others = {Path(p["path"]) for p in plugins.loaded()} - {main}
     for m in list(sys.modules.values()):
         f = getattr(m, "__file__", None)
         if isinstance(f, str) and f.endswith(".py"):
             p = Path(f).resolve()
-            if (p.is_relative_to(folder) and not any(p.is_relative_to(x) for x in not_theirs)
+            if (p.is_relative_to(folder) and p not in others and not any(p.is_relative_to(x) for x in not_theirs)
                     and not {"site-packages", "dist-packages"} & set(p.parts)):
                 files.add(p)
     h = hashlib.sha256()
@@ -212,6 +213,23 @@ def _source_sha(source: str) -> str | None:
     except OSError:
         return None
     return h.hexdigest()
+
+
+def variant_code(family, name: str) -> dict:
+    """Which code a variant's launch ran, for a page to prove it (`moebench pr`): a plugin's file and
+    what it imports from its folder (as `_source_sha`), a checkout clone's kernel files and commit,
+    the process's upstream kernel files, else moebench's own module at its commit."""
+    v = family.variants[name]
+    if v.source.startswith("plugin "):
+        return {"source": v.source, "sha256": _source_sha(v.source)}
+    files = {portable_path(m.__file__): hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest()
+             for m in arms.modules(family, name) if isinstance(getattr(m, "__file__", None), str)}
+    root = arms.checkout(name)
+    if root is not None:
+        return {"source": f"checkout {root}", "commit": upstream.git_head(root), "files": files}
+    if v.source == "upstream":
+        return {"source": "upstream", **upstream.provenance(), "files": files}
+    return {"source": v.source, "commit": git_commit() or "unknown", "files": files}
 
 
 def record_key(case, settings: dict) -> str:

@@ -45,8 +45,10 @@ GROUP = "moebench.plugins"
 LIMIT_ENV = "MOEBENCH_PLUGIN_LIMIT"
 DEFAULT_LIMIT_S = 120.0
 
-_LOADED: dict[Path, tuple[ModuleType, str]] = {}  # resolved path -> (module, sha256 of its bytes)
+# (resolved path, suffix) -> (module, sha256 of its bytes); the suffix is "" but for an arm's file
+_LOADED: dict[tuple[Path, str], tuple[ModuleType, str]] = {}
 _CURRENT: list[str] = []  # the plugin being loaded: what a variant registered now is recorded as
+_SUFFIX: list[str] = []  # what the variant names it registers end with ("@on": one arm of `pr`)
 _INSTALLED = False
 
 
@@ -55,16 +57,24 @@ def current_source() -> str | None:
     return _CURRENT[-1] if _CURRENT else None
 
 
-def load_file(path: str | Path, where: str = "--plugin") -> ModuleType:
+def current_suffix() -> str:
+    """What the variant names a plugin file registers now end with: "" but while an arm's file
+    runs (`suffix` of load_file)."""
+    return _SUFFIX[-1] if _SUFFIX else ""
+
+
+def load_file(path: str | Path, where: str = "--plugin", suffix: str = "") -> ModuleType:
     """Run a plugin file once (later calls return the same module). Errors name the file and
-    what went wrong, as a UsageError."""
+    what went wrong, as a UsageError. With a `suffix` (moebench.sources.arms: "@on"), every variant
+    it registers is named NAME + suffix, so two files registering one name coexist, and the file is
+    left out of $MOEBENCH_PLUGINS (a worker loading it plainly would register the bare name)."""
     p = Path(path).expanduser()
     try:
         key = p.resolve()
     except (OSError, RuntimeError) as e:
         raise UsageError(f"{where}: {path}: cannot resolve ({e})") from None
-    if key in _LOADED:
-        return _LOADED[key][0]
+    if (key, suffix) in _LOADED:
+        return _LOADED[key, suffix][0]
     if not key.is_file():
         raise UsageError(f"{where}: {path}: no such file" + ("" if not key.exists() else " (not a regular file)"))
     if key.suffix != ".py":
@@ -72,11 +82,12 @@ def load_file(path: str | Path, where: str = "--plugin") -> ModuleType:
     limit = import_limit()
     data = key.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    name = f"moebench_plugin_{key.stem.replace('-', '_')}_{digest[:8]}"
+    name = f"moebench_plugin_{key.stem.replace('-', '_')}_{digest[:8]}{suffix.replace('@', '_')}"
     spec = importlib.util.spec_from_file_location(name, key)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     _CURRENT.append(f"plugin {key}")
+    _SUFFIX.append(suffix)
     arrived: list = []
     try:
         with _loading(limit, arrived):
@@ -92,7 +103,10 @@ def load_file(path: str | Path, where: str = "--plugin") -> ModuleType:
         raise UsageError(f"{where}: {path}{_line_of(e, key)}: {what}") from None
     finally:
         _CURRENT.pop()
-    _LOADED[key] = (module, digest)
+        _SUFFIX.pop()
+    _LOADED[key, suffix] = (module, digest)
+    if suffix:
+        return module
     listed = [x for x in os.environ.get(ENV, "").split(os.pathsep) if x]
     if str(key) not in listed:
         os.environ[ENV] = os.pathsep.join(listed + [str(key)])
@@ -119,6 +133,7 @@ def load_installed() -> dict[str, str]:
             failed[f"plugin {p}"] = str(e)
     for ep in entry_points(group=GROUP):
         _CURRENT.append(f"plugin {ep.value} (entry point {ep.name})")
+        _SUFFIX.append("")
         arrived: list = []
         try:
             with _loading(import_limit(), arrived):
@@ -130,6 +145,7 @@ def load_installed() -> dict[str, str]:
             failed[f"plugin {ep.value} (entry point {ep.name})"] = f"entry point {ep.name} = {ep.value} ({GROUP}): {what}"
         finally:
             _CURRENT.pop()
+            _SUFFIX.pop()
     return failed
 
 
@@ -267,7 +283,8 @@ def time_limit(seconds: float | None, stop: Callable[[], BaseException], every: 
 
 def loaded() -> list[dict]:
     """The plugin files this process runs, with their hashes, for a results file's provenance."""
-    return [{"path": str(p), "sha256": digest} for p, (_, digest) in _LOADED.items()]
+    return [{"path": str(p), "sha256": digest, **({"suffix": sfx} if sfx else {})}
+            for (p, sfx), (_, digest) in _LOADED.items()]
 
 
 def _first(e: BaseException) -> str:
@@ -287,7 +304,7 @@ def _line_of(e: BaseException, path: Path) -> str:
 def where_in_plugin(e: BaseException) -> str | None:
     """FILE:LINE of the innermost frame in a plugin file this process loaded, in `e`'s traceback or
     those of the exceptions it was raised from, or None: where a plugin's error happened."""
-    files = {str(p) for p in _LOADED}
+    files = {str(p) for p, _ in _LOADED}
     chain: list[BaseException] = []
     while e is not None and e not in chain:
         chain.append(e)

@@ -18,10 +18,13 @@ reason, never a failure.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -80,10 +83,11 @@ def _file_of(module: str, root: Path | None) -> tuple[Path | None, str | None]:
     return Path(str(metadata.distribution(DIST).locate_file(rel))), f"{DIST} {version}"
 
 
-def status(name: str) -> Status:
-    """Where kernel `name` would come from, read from source text (no import, no torch)."""
+def status(name: str, root: Path | None = None) -> Status:
+    """Where kernel `name` would come from (from checkout `root` if given), read from source text
+    (no import, no torch)."""
     module, attr = KERNELS[name]
-    root = checkout()
+    root = root or checkout()
     path, source = _file_of(module, root)
     if path is None:
         why = f"no Megatron source here: {HOW}"
@@ -102,11 +106,27 @@ def status(name: str) -> Status:
 
 
 _LOADED: dict[str, Any] = {}
+_MODULES: dict[str, Any] = {}  # as _LOADED: the module each object came from
+_ROOT: list[Path] = []  # the checkout one arm of `moebench pr` takes its kernels from (`rooted`)
+
+
+@contextmanager
+def rooted(root: Path):
+    """While the block runs, `load` takes each kernel from checkout `root` (an arm of `moebench pr`)."""
+    _ROOT.append(root)
+    try:
+        yield
+    finally:
+        _ROOT.pop()
 
 
 def load(name: str) -> Any:
-    """The upstream object `name` (a @triton.jit kernel, or a function), imported on first use.
-    Raises Unavailable with the reason and what to do when it cannot be had here."""
+    """The upstream object `name` (a @triton.jit kernel, or a function), imported on first use;
+    inside `rooted(ROOT)`, from ROOT's kernel module file run under a private module name, so two
+    checkouts' kernels live side by side in one process. Raises Unavailable with the reason and
+    what to do when it cannot be had here."""
+    if _ROOT:
+        return _run_file(name, _ROOT[-1])
     if name in _LOADED:
         return _LOADED[name]
     st = status(name)
@@ -127,7 +147,34 @@ def load(name: str) -> Any:
         raise Unavailable(f"upstream {st.attr}: importing {st.module} from {st.source} failed: "
                           f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
     _LOADED[name] = obj
+    _MODULES[name] = sys.modules[st.module]
     return obj
+
+
+def _run_file(name: str, root: Path) -> Any:
+    key = f"{name}@{root}"
+    if key not in _LOADED:
+        st = status(name, root)
+        if not st.present:
+            raise Unavailable(f"upstream {st.attr}: {st.why}")
+        path = _file_of(st.module, root)[0]
+        private = f"moebench_upstream_{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}_{path.stem}"
+        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(private, path))
+        sys.modules[private] = module
+        try:
+            module.__spec__.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - as in load: any failure means unavailable
+            del sys.modules[private]
+            raise Unavailable(f"upstream {st.attr}: running {path} failed: {type(e).__name__}: {e}") from None
+        _LOADED[key], _MODULES[key] = getattr(module, st.attr), module
+    return _LOADED[key]
+
+
+def loaded_modules(root: Path | None = None) -> list:
+    """The modules of the kernels loaded so far from checkout `root` (None: from the process's
+    megatron), for what an arm of `moebench pr` ran."""
+    mods = [m for k, m in _MODULES.items() if (k.endswith(f"@{root}") if root is not None else "@" not in k)]
+    return list({id(m): m for m in mods}.values())
 
 
 def provenance() -> dict:
@@ -136,11 +183,11 @@ def provenance() -> dict:
     root = checkout()
     if root is not None:
         return {"megatron_lm": str(root),
-                "megatron_lm_commit": _git_head(root) or os.environ.get(f"{ENV}_COMMIT") or None}
+                "megatron_lm_commit": git_head(root) or os.environ.get(f"{ENV}_COMMIT") or None}
     return {"megatron_core": _installed_version()}
 
 
-def _git_head(root: Path) -> str | None:
+def git_head(root: Path) -> str | None:
     try:
         r = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True, text=True,
                            timeout=5)

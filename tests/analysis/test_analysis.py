@@ -590,3 +590,15 @@ def test_cli_error_paths(tmp_path, monkeypatch, capsys, command):
         assert "Traceback" not in err
     code, _, err = cli(monkeypatch, capsys, "plot", "ref:nope", "-o", tmp_path / "x.png")
     assert code == 2 and "unknown reference 'nope'; known: " in one_line(err)
+
+
+def test_min_detectable_is_the_two_sample_power_formula():
+    """n = 10 a side at sd 1: a two-sided t-test at alpha 0.05 detects 1.32 sd with power 0.8 (the
+    textbook figure); more measurements or less spread detect less, and a side of one detects nothing."""
+    from moebench.analysis.ab import min_detectable
+
+    assert min_detectable(1.0, 1.0, 10, 10) == pytest.approx(1.3159, abs=2e-3)
+    assert min_detectable(1.0, 1.0, 40, 40) < min_detectable(1.0, 1.0, 10, 10)
+    assert min_detectable(0.5, 0.5, 10, 10) == pytest.approx(min_detectable(1.0, 1.0, 10, 10) / 2)
+    assert min_detectable(1.0, 1.0, 1, 10) == math.inf
+    assert min_detectable(1.0, 1.0, 10, 10, power=0.9) > min_detectable(1.0, 1.0, 10, 10)
