@@ -2,7 +2,7 @@
 # This tree's count-block and act-grid against an older moebench's, in one device call: fresh
 # processes alternating BASE, NEW, BASE, NEW, then `compare --fail-on-regression` both ways between
 # every BASE and NEW run. A benchmark, not a test.
-#   scripts/h200-vs-base.sh BASE_TREE OUT [SWEEPS...]    (default sweeps: count-block act-grid)
+#   [RUNS=2] scripts/h200-vs-base.sh BASE_TREE OUT [SWEEPS...]    (default sweeps: count-block act-grid)
 # BASE_TREE: the older tree (e.g. `git archive a931c94 | tar x -C .base`), whose results are
 # written with its own code; MOEBENCH_COMMIT_BASE names its commit. Upstream kernels come from
 # $MOEBENCH_MEGATRON_LM for both.
@@ -14,7 +14,7 @@ SWEEPS=${*:-count-block act-grid}
 NEW=$PWD
 export PYTHONUNBUFFERED=1
 for s in $SWEEPS; do
-  for i in 1 2; do
+  for i in $(seq "${RUNS:-2}"); do
     for side in base new; do
       tree=$NEW; commit=${MOEBENCH_COMMIT:-}
       [ $side = base ] && { tree=$BASE; commit=${MOEBENCH_COMMIT_BASE:-}; }
@@ -23,8 +23,8 @@ for s in $SWEEPS; do
          --out "$OUT/$side$i" >"$OUT/$side$i-$s.log" 2>&1) || echo "  exit $?"
     done
   done
-  for b in 1 2; do
-    for n in 1 2; do
+  for b in $(seq "${RUNS:-2}"); do
+    for n in $(seq "${RUNS:-2}"); do
       for pair in "base$b new$n" "new$n base$b"; do
         set -- $pair
         PYTHONPATH=$NEW python3 -m moebench compare "$OUT/$1/h200/$s.json" "$OUT/$2/h200/$s.json" \
