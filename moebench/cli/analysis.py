@@ -64,6 +64,8 @@ def ab(
                                  "OUT/<device>/."),
     markdown: bool = typer.Option(False, "--markdown", rich_help_panel="Output", help="With --dry-run: the plan as a "
                                   "markdown pipe table (a run always prints its PR-ready markdown block)."),
+    force: bool = typer.Option(False, "--force", rich_help_panel="Output", help="Replace NAME-ab.json and .md if "
+                               "they exist."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
@@ -85,6 +87,8 @@ def ab(
     device = ab_device()
     check_arm_environments(sp, pairs, offs, ons, device, os.environ)  # each arm's, once, before any arm runs
     stem = f"{sp.name}-ab" + ("-quick" if quick else "")
+    for suffix in ("json", "md"):  # an earlier A/B (another pair of arms) is not replaced unasked
+        output_file(out_dir / device.slug / f"{stem}.{suffix}", force=force, option="--out")
     dest, md = run_ab(sp, device, pairs, offs, ons, arms=arms, iters=iters, quick=quick, out_dir=out_dir, stem=stem)
     print_ab_results(pairs, md, dest, stem)
 

@@ -32,7 +32,7 @@ from moebench.core.driver import Driver, Finished, Summary
 from moebench.core.pipeline import Options
 from moebench.core.provenance import provenance, variant_code
 from moebench.core.spec import PACKAGE_ROOT, load_spec
-from moebench.core.store import OutputLock, atomic_write_text, writable_dir
+from moebench.core.store import OutputLock, atomic_write_text, output_file, writable_dir
 from moebench.errors import ExitCode, SpecError, UsageError
 from moebench.report.pr import SECTIONS, TIMED, build
 from moebench.sources import arms, upstream
@@ -65,6 +65,7 @@ def pr(
                                            "write: " + ", ".join(SECTIONS) + " (default: all)."),
     out_dir: Path = typer.Option(DEFAULT_OUT, "--out", help="Results root; writes OUT/<device>/NAME-pr.md, .json."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the page (GitHub markdown, pasted as is)."),
+    force: bool = typer.Option(False, "--force", help="Replace NAME-pr.md and .json if they exist."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
@@ -87,6 +88,8 @@ def pr(
     check_arm_environments(sp, pairs, offs, ons, device, os.environ)
     run = Run(sp, device, offs, ons, timed=timed, quick=quick, n_arms=n_arms, iters=iters)
     dest, stem = writable_dir(out_dir / device.slug, "--out"), f"{sp.name}-pr" + ("-quick" if quick else "")
+    for suffix in ("json", "md"):  # an earlier page (another pair of arms) is not replaced unasked
+        output_file(dest / f"{stem}.{suffix}", force=force, option="--out")
     with OutputLock(dest, stem):
         doc = run.document(spec, pairs, focus, want, weights, off or [], on or [])
         nums, md = build(doc, run.records, want)

@@ -93,6 +93,21 @@ def test_param_arms_on_the_cpu_fill_what_needs_no_timings(tmp_path, capsys):
         assert f"`{cmd}`" in proto
 
 
+def test_an_earlier_page_is_not_replaced_without_force(tmp_path, capsys):
+    """Two pr runs of one spec with other arms write the same NAME-pr files: the second refuses
+    before it runs anything (exit 2), and --force replaces them."""
+    page = tmp_path / "cpu-interpreter" / "count-block-pr-quick.md"
+    page.parent.mkdir(parents=True)
+    page.write_text("an earlier page\n")
+    args = ["pr", "count-block", "--quick", "--off", "block_size=1024", "--on", "block_size=64", "--out", str(tmp_path),
+            "--sections", "changed"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and "exists; not replaced" in err and page.read_text() == "an earlier page\n"
+    code, _, err = run_cli(args + ["--force"], capsys)
+    assert code == 0, err
+    assert page.read_text().startswith("## Performance")
+
+
 def test_plugin_arms_prove_which_code_ran(tmp_path, capsys, isolated):
     """Two files registering the same variant name, one per arm: both run in one process, and the
     page names each arm's file and a hash of its code."""
