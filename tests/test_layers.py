@@ -107,3 +107,36 @@ def test_no_import_cycles_between_modules():
         for n in imported:
             g.add_import(importer=m, imported=n)
     assert module_cycles(g) == []
+
+
+# Imports inside functions: only where the torch-free rule needs them (a reader must not import torch,
+# triton, pandas or matplotlib at module level) or for an optional heavy package (megatron, cuda.bench,
+# pynvml). Issue 31 set the ceiling; a new one needs a reason the rule gives.
+FUNCTION_IMPORTS_MAX = 60
+
+
+def function_level_imports(root: Path) -> list[str]:
+    """`file:line` of every import statement inside a function or method of the package."""
+    import ast
+
+    found = []
+    for path in sorted((root / "moebench").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)):
+                        found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_function_level_imports_stay_few():
+    found = function_level_imports(ROOT)
+    assert len(found) <= FUNCTION_IMPORTS_MAX, f"{len(found)} imports inside functions:\n" + "\n".join(found)
+
+
+def test_the_count_sees_an_import_inside_a_method(tmp_path):
+    pkg = tmp_path / "moebench"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("import os\n\nclass A:\n    def f(self):\n        import json\n        return json\n")
+    assert function_level_imports(tmp_path) == ["moebench/m.py:5"]
