@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import warm
 from clirun import long_count_spec, run_cli, small_count_spec
 from moebench.core.family import get_family
 from moebench.families.count import kernels as count
@@ -118,8 +119,7 @@ MANY = long_count_spec("many")
 
 def _start(spec: Path, out: Path, *extra):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "moebench", "sweep", str(spec), "--out", str(out), *extra],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return warm.Popen(["sweep", spec, "--out", out, *extra], cwd=ROOT, env=env)
 
 
 def _wait_partial(path: Path, n: int, proc, timeout=120):

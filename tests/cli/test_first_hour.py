@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from clirun import interrupt_after, run_cli, small_count_spec
+import warm
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV = "cpu-interpreter"
@@ -125,8 +126,7 @@ def test_a_merge_missing_a_shard_reads_incomplete(tmp_path, capsys):
 def _piped(*args, **env):
     e = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     e.update({"TRITON_INTERPRET": "1", **env})
-    return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=ROOT, env=e,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    return warm.run(args, cwd=ROOT, env=e)
 
 
 def test_piped_compare_shows_every_verdict_and_number_whole(tmp_path):

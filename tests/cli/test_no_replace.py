@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+import warm
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
@@ -16,8 +17,7 @@ DEV = "cpu-interpreter"
 def moebench(*args, cwd=ROOT):
     env = {k: v for k, v in os.environ.items() if k not in ("MOEBENCH_PLUGINS",)}
     env.update(TRITON_INTERPRET="1", COLUMNS="200", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return warm.run(args, cwd=cwd, env=env, timeout=600)
 
 
 def one_line(text: str) -> bool:

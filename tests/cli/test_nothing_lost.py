@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import warm
 from clirun import interrupt_after, run_cli, small_count_spec
 from moebench.core import store
 from moebench.core.records import Record, load_results, read_stream
@@ -389,8 +390,7 @@ def test_render_finds_a_spec_given_by_path(tmp_path, capsys):
 def test_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path, delay):
     spec, out = spec_file(tmp_path), tmp_path / "r"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "moebench", "sweep", str(spec), "--out", str(out)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = warm.Popen(["sweep", spec, "--out", out], cwd=ROOT, env=env)
     stream = out / DEV / "small.partial.jsonl"
     _wait_records(stream, 2, proc)
     proc.send_signal(signal.SIGINT)
@@ -531,8 +531,7 @@ def test_killed_at_random_points_resume_ends_with_the_clean_record_set(tmp_path,
     stream = out / DEV / "small.partial.jsonl"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONUNBUFFERED": "1"}
     for attempt in range(8):
-        proc = subprocess.Popen([sys.executable, "-m", "moebench", "sweep", str(spec), "--out", str(out), "--resume"],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = warm.Popen(["sweep", spec, "--out", out, "--resume"], cwd=ROOT, env=env, text=False)
         have = len(stream_records(stream)) if stream.exists() else 0
         if attempt < 3:
             _wait_records(stream, have + rng.randint(0, 4), proc)

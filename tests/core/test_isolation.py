@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import warm
+
 ROOT = Path(__file__).resolve().parents[2]
 
 BAD_PLUGIN = '''
@@ -186,8 +188,7 @@ def moebench(*args, timeout=240, interpret=True):
     env.update(COLUMNS="200", PYTHONPATH=str(ROOT))
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return warm.run(args, cwd=ROOT, env=env, timeout=timeout)
 
 
 def by_variant(out: Path, stem: str) -> dict[str, list[dict]]:

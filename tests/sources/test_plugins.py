@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
@@ -16,8 +17,7 @@ EXAMPLES = ROOT / "examples" / "plugins"
 def moebench(*args, cwd=ROOT, env_extra=None, timeout=None):
     env = {k: v for k, v in os.environ.items() if k != "MOEBENCH_PLUGINS"}
     env.update(TRITON_INTERPRET="1", COLUMNS="200", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return warm.run(args, cwd=cwd, env=env, timeout=timeout)
 
 
 def records(out: Path, stem: str) -> tuple[dict, list]:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import warm
+
 from moebench.sources import upstream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,8 +116,7 @@ def _sweep(tmp_path: Path, spec: str, env_extra: dict) -> tuple[int, dict, str]:
     path.write_text(spec)
     env = {k: v for k, v in os.environ.items() if k != upstream.ENV}
     env.update(env_extra, TRITON_INTERPRET="1", COLUMNS="200")
-    r = subprocess.run([sys.executable, "-m", "moebench", "sweep", str(path), "--out", str(tmp_path / "out"),
-                        "--format", "json,md"], cwd=ROOT, env=env, capture_output=True, text=True)
+    r = warm.run(["sweep", path, "--out", tmp_path / "out", "--format", "json,md"], cwd=ROOT, env=env)
     files = list((tmp_path / "out").rglob("*.json"))
     doc = json.loads(files[0].read_text()) if files else {}
     return r.returncode, doc, r.stderr
@@ -181,8 +182,7 @@ def test_twins_section_and_conformance_page(tmp_path):
     text = next((tmp_path / "out").rglob("up-count.md")).read_text()
     assert "## Beside the upstream kernel" in text and "12/12 bit-exact" in text
     res = next((tmp_path / "out").rglob("up-count.json"))
-    r = subprocess.run([sys.executable, "-m", "moebench", "conformance", str(res), "-o", str(tmp_path / "conf")],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = warm.run(["conformance", res, "-o", tmp_path / "conf"], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     page = (tmp_path / "conf.md").read_text()
     assert "12 twin pairs" in page and "No timings" in page
