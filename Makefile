@@ -19,20 +19,30 @@ SWEEP   ?= count-block
 # scripts/venv_mode.py decides (and says why): `system` on a GPU machine whose $(PY) already has a
 # CUDA torch and triton at pyproject's minimums (a venv over them, also when $(PY) is itself a venv:
 # no second CUDA torch), `cuda` on a GPU machine without them (pip installs torch), `cpu` without a
-# GPU (the CPU torch first). `make install` (and `make sweep`) installs what moebench needs to run;
-# the test tools come with the first `make unit` / `make test`. The pip flags of the mode are kept
-# in $(VENV)/.pip-flags for that second install.
+# GPU (the CPU torch, pinned in the same pip call). `make install` (and `make sweep`) installs what
+# moebench needs to run; `make unit` / `make test` add the test tools, in the same single pip call
+# when .venv is new. The pip flags of the mode are kept in $(VENV)/.pip-flags for a later install.
+# PIP_COMPILE=--no-compile (what `make test` passes) leaves the byte-compiling of torch's and
+# triton's ~1.7 GB to the first import of each module: the tests import a small part of it.
+PIP_COMPILE ?=
+define make_venv
+set -e; set -- $$($(PY) scripts/venv_mode.py --gpu "$(HAS_GPU)"); \
+[ -n "$$1" ] || { echo "make: scripts/venv_mode.py failed under $(PY)" >&2; exit 1; }; \
+if [ "$$1" = system ]; then $(PY) scripts/venv_mode.py --make-venv $(VENV); else $(PY) -m venv $(VENV); fi; \
+torch=; if [ "$$1" = cpu ]; then torch=$(TORCH_CPU); fi; \
+echo "$$2" > $(VENV)/.pip-flags; \
+$(BIN)/python -m pip install -q $(PIP_COMPILE) $$2 $$torch -e '.$(1)'
+endef
+
 $(BIN)/.installed: pyproject.toml scripts/venv_mode.py
-	set -e; set -- $$($(PY) scripts/venv_mode.py --gpu "$(HAS_GPU)"); \
-	[ -n "$$1" ] || { echo "make: scripts/venv_mode.py failed under $(PY)" >&2; exit 1; }; \
-	if [ "$$1" = system ]; then $(PY) scripts/venv_mode.py --make-venv $(VENV); else $(PY) -m venv $(VENV); fi; \
-	if [ "$$1" = cpu ]; then $(BIN)/python -m pip install -q $(TORCH_CPU); fi; \
-	echo "$$2" > $(VENV)/.pip-flags; \
-	$(BIN)/python -m pip install -q $$2 -e .
+	$(call make_venv,)
 	touch $@
 
-$(BIN)/.test-installed: $(BIN)/.installed
-	$(BIN)/python -m pip install -q $$(cat $(VENV)/.pip-flags) -e '.[test]'
+# over an up-to-date .venv the test tools alone; otherwise .venv made with them
+$(BIN)/.test-installed: pyproject.toml scripts/venv_mode.py
+	if [ $(BIN)/.installed -nt pyproject.toml ] && [ $(BIN)/.installed -nt scripts/venv_mode.py ]; then \
+	  $(BIN)/python -m pip install -q $(PIP_COMPILE) $$(cat $(VENV)/.pip-flags) -e '.[test]'; \
+	else $(call make_venv,[test]); touch $(BIN)/.installed; fi
 	touch $@
 
 install: $(BIN)/.installed
@@ -45,7 +55,7 @@ unit: $(BIN)/.test-installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto
 
 $(VENV)/triton-old/.installed: $(BIN)/.test-installed
-	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/triton-old $(TRITON_OLD)
+	$(BIN)/python -m pip install -q $(PIP_COMPILE) --no-deps --target $(VENV)/triton-old $(TRITON_OLD)
 	touch $@
 
 compat: $(VENV)/triton-old/.installed
@@ -70,9 +80,12 @@ smoke-act: install
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
 
-# the triton 3.6 download overlaps the unit suite
+# the triton 3.6 download overlaps the unit suite. Imports write their .pyc files here, whatever
+# PYTHONDONTWRITEBYTECODE says outside: each module is compiled once, not in every test process.
+test: PIP_COMPILE := --no-compile
+test: export PYTHONDONTWRITEBYTECODE :=
 test: $(BIN)/.test-installed
-	$(MAKE) --no-print-directory -j2 unit $(VENV)/triton-old/.installed
+	$(MAKE) --no-print-directory -j2 PIP_COMPILE=$(PIP_COMPILE) unit $(VENV)/triton-old/.installed
 	$(MAKE) --no-print-directory compat
 	$(MAKE) --no-print-directory smoke
 

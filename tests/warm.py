@@ -20,21 +20,52 @@ import os
 import subprocess
 import sys
 import tempfile
+from multiprocessing import context as _mpc, forkserver as _fs, popen_forkserver as _pf
 
+# What each server imports once: `moebench` commands, and the commands that must run where torch and
+# triton cannot be imported (a child of that server finds them blocked, as tests/cli/test_readers.py
+# blocks them in a fresh interpreter).
 WARM = ("torch", "triton", "numpy", "yaml", "typer", "rich", "pandas")
-_CTX = None
+TORCH_FREE = ("numpy", "yaml", "typer", "rich", "pandas")
+_SERVERS: dict = {}
 
 
-def _context():
-    global _CTX
-    if _CTX is None:
-        _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(list(WARM))
-    return _CTX
+def _server(preload):
+    """The forkserver of this process that imported `preload` (the forkserver module keeps one
+    server per process; this keeps one per list)."""
+    if preload not in _SERVERS:
+        _SERVERS[preload] = _fs.ForkServer()
+        _SERVERS[preload].set_forkserver_preload(list(preload))
+    return _SERVERS[preload]
 
 
-def _child(args, env, cwd, stdin_path, out_path, err_path):
-    """In the forked child: become `python -m moebench ARGS` in `cwd` with exactly `env`."""
+class _Launch(_pf.Popen):
+    """multiprocessing's forkserver launch, asking the server of the process's own preload list."""
+
+    def _launch(self, process_obj):
+        shared = _fs.connect_to_new_process
+        _fs.connect_to_new_process = _server(process_obj.PRELOAD).connect_to_new_process
+        try:
+            super()._launch(process_obj)
+        finally:
+            _fs.connect_to_new_process = shared
+
+
+class _Warm(_mpc.ForkServerProcess):
+    PRELOAD = WARM
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _Launch(process_obj)
+
+
+class _TorchFree(_Warm):
+    PRELOAD = TORCH_FREE
+
+
+def _child(args, env, cwd, stdin_path, out_path, err_path, blocked=False):
+    """In the forked child: become `python -m moebench ARGS` in `cwd` with exactly `env` (`blocked`:
+    with torch and triton unimportable)."""
     import atexit
     import runpy
 
@@ -51,11 +82,21 @@ def _child(args, env, cwd, stdin_path, out_path, err_path):
     sys.path.insert(0, cwd)  # what `python -m` puts first
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[1:1] = [p for p in extra if p not in sys.path]
-    main = os.path.join(os.path.dirname(__import__("importlib.util").util.find_spec("moebench").origin), "__main__.py")
-    sys.argv = [main, *args]
     code = 0
     try:
-        runpy.run_module("moebench", run_name="__main__", alter_sys=True)
+        if blocked:
+            sys.modules["torch"] = None
+            sys.modules["triton"] = None
+            sys.argv = ["moebench", *args]
+            from moebench.cli import main
+
+            main()
+        else:
+            import importlib.util
+
+            sys.argv = [os.path.join(os.path.dirname(importlib.util.find_spec("moebench").origin), "__main__.py"),
+                        *args]
+            runpy.run_module("moebench", run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
@@ -79,7 +120,7 @@ class Popen:
     stderr=PIPE, text=text)` from the warm server: the output is kept in files until the child ends,
     so `communicate` returns it then (a test reads the results files, not the pipe, while it runs)."""
 
-    def __init__(self, args, *, cwd, env=None, text=True, input=None):
+    def __init__(self, args, *, cwd, env=None, text=True, input=None, blocked=False):
         self.args = [sys.executable, "-m", "moebench", *map(str, args)]
         self.text, self.returncode, self._tmp = text, None, tempfile.TemporaryDirectory(prefix="moebench-warm-")
         self._paths = [os.path.join(self._tmp.name, n) for n in ("in", "out", "err")]
@@ -88,7 +129,7 @@ class Popen:
         for p in self._paths[1:]:
             open(p, "w").close()
         env = dict(os.environ if env is None else env)
-        self._proc = _context().Process(target=_child, args=(self.args[3:], env, str(cwd), *self._paths))
+        self._proc = (_TorchFree if blocked else _Warm)(target=_child, args=(self.args[3:], env, str(cwd), *self._paths, blocked))
         self._proc.start()
         self.pid = self._proc.pid
 
@@ -123,10 +164,11 @@ class Popen:
         return tuple(got)
 
 
-def run(args, *, cwd, env=None, timeout=None, input=None) -> subprocess.CompletedProcess:
+def run(args, *, cwd, env=None, timeout=None, input=None, blocked=False) -> subprocess.CompletedProcess:
     """`subprocess.run([sys.executable, "-m", "moebench", *args], cwd=cwd, env=env, input=input,
-    capture_output=True, text=True, timeout=timeout)`, from the warm server."""
-    proc = Popen(args, cwd=cwd, env=env, input=input)
+    capture_output=True, text=True, timeout=timeout)`, from a warm server (`blocked`: the one whose
+    children cannot import torch or triton)."""
+    proc = Popen(args, cwd=cwd, env=env, input=input, blocked=blocked)
     try:
         out, err = proc.communicate(timeout)
     except subprocess.TimeoutExpired:

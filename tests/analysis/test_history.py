@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import warm
+
 from clirun import run_cli
 from moebench.analysis.edivisive import e_divisive
 from moebench.analysis.history import SCHEMA_VERSION, open_db, series
@@ -22,8 +24,6 @@ from moebench.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "results" / "h200" / "count-block.json"
-BLOCKED = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
-           "sys.argv = ['moebench'] + sys.argv[1:]; from moebench.cli import main; main()")
 
 
 # ----------------------------------------------------------------------------- E-divisive
@@ -227,9 +227,7 @@ def test_two_writers_at_once_lose_nothing(tmp_path):
     paths = make_series(tmp_path, n=10)
     db = tmp_path / "h.sqlite"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-m", "moebench", "history", "add", *map(str, half), "--db", str(db)],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for half in (paths[0::2], paths[1::2])]
+    procs = [warm.Popen(["history", "add", *half, "--db", db], cwd=tmp_path, env=env) for half in (paths[0::2], paths[1::2])]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
@@ -307,8 +305,7 @@ def test_history_runs_without_torch(tmp_path):
     db = tmp_path / "h.sqlite"
     for cmd in (["history", "add", *paths, "--db", db], ["history", "show", "--db", db],
                 ["history", "check", "--db", db]):
-        r = subprocess.run([sys.executable, "-c", BLOCKED, *map(str, cmd)], cwd=ROOT, capture_output=True, text=True,
-                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+        r = warm.run(cmd, cwd=ROOT, blocked=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
         assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 1  # the planted regression, found without torch
 

@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
+import warm
+
 from clirun import run_cli
 from moebench.analysis.recommend import check_cases, decide, emit_document, env_text, judge_check, switches
 from moebench.core.records import Record
@@ -245,11 +247,8 @@ def test_check_cases_run_in_the_real_session_and_read_the_injected_switch():
 
 
 def test_emit_runs_without_torch(tmp_path):
-    blocked = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
-               "sys.argv = ['moebench'] + sys.argv[1:]; from moebench.cli import main; main()")
-    r = subprocess.run([sys.executable, "-c", blocked, "recommend", str(_planted(tmp_path)), "--emit", "env"],
-                       cwd=ROOT, capture_output=True, text=True,
-                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    r = warm.run(["recommend", _planted(tmp_path), "--emit", "env"], cwd=ROOT, blocked=True,
+                 env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0 and f"{VAR}=64" in r.stdout, r.stderr
 
 

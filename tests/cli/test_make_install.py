@@ -67,7 +67,7 @@ fi
 @pytest.mark.parametrize("gpu,mode,venv_cmd,pip", [
     ("1", "system --no-build-isolation", "scripts/venv_mode.py --make-venv", ["-m pip install -q --no-build-isolation -e ."]),
     ("1", "cuda", "-m venv", ["-m pip install -q -e ."]),
-    ("", "cpu", "-m venv", ["-m pip install -q torch==2.13.0", "-m pip install -q -e ."]),
+    ("", "cpu", "-m venv", ["-m pip install -q torch==2.13.0 -e ."]),
 ])
 def test_make_install_follows_the_mode(tmp_path, gpu, mode, venv_cmd, pip):
     py = tmp_path / "python3"
@@ -88,7 +88,16 @@ def test_make_install_follows_the_mode(tmp_path, gpu, mode, venv_cmd, pip):
     r = subprocess.run(["make", "--no-print-directory", f"{venv}/bin/.test-installed", f"PY={py}", f"VENV={venv}",
                         f"HAS_GPU={gpu}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr + r.stdout
-    assert log.read_text().splitlines()[-1].split(" ", 1)[1] == pip[-1] + "[test]"
+    assert log.read_text().splitlines()[-1].split(" ", 1)[1] == pip[-1].replace(" torch==2.13.0", "") + "[test]"
+    # `make test` on a new machine: one pip call, the test tools included, nothing byte-compiled ahead
+    log.unlink()
+    r = subprocess.run(["make", "--no-print-directory", f"{tmp_path / 'v2'}/bin/.test-installed", f"PY={py}",
+                        f"VENV={tmp_path / 'v2'}", f"HAS_GPU={gpu}", "PIP_COMPILE=--no-compile"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr + r.stdout
+    calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+    assert calls[2:] == [pip[-1].replace("install -q", "install -q --no-compile") + "[test]"]
+    assert (tmp_path / "v2" / "bin" / ".installed").exists()
 
 
 def test_a_venv_made_over_a_venv_sees_its_packages_and_pip_downloads_nothing(tmp_path):

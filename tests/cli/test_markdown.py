@@ -3,11 +3,11 @@ tables with --markdown, and `list` fits a pipe."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import warm
 
 from clirun import run_cli, small_count_spec
 
@@ -79,8 +79,7 @@ def test_ab_dry_run_and_run_print_markdown(tmp_path, monkeypatch, capsys):
 def test_list_fits_a_pipe():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("COLUMNS", None)
-    p = subprocess.run([sys.executable, "-m", "moebench", "list"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=120)
+    p = warm.run(["list"], cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     assert max(len(line) for line in p.stdout.splitlines()) <= 100
     assert "$MCORE_MOE_ACTIVATION_GRID_CAP" in p.stdout and "…" not in p.stdout  # wrapped, never cut

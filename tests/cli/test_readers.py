@@ -3,11 +3,11 @@ of a host-only family, run where torch and triton cannot be imported: each runs 
 which `import torch` fails."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import warm
 
 from moebench.core.cases import expand
 from moebench.core.device import DeviceInfo
@@ -21,8 +21,6 @@ GPU = DeviceInfo(backend="cuda", name="NVIDIA H200", slug="h200", sm_count=132, 
                  max_threads_per_sm=2048, total_mem_bytes=141 << 30, compute_capability="9.0", driver="580",
                  cuda="13.0", torch="2.11", triton="3.6", python="3.12")
 
-BLOCKED = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
-           "sys.argv = ['moebench'] + sys.argv[1:]; from moebench.cli import main; main()")
 
 
 def _timed_results(dest: Path, stem: str, scale: float = 1.0, shard=None, cases=None) -> Path:
@@ -44,8 +42,8 @@ def _timed_results(dest: Path, stem: str, scale: float = 1.0, shard=None, cases=
 
 
 def _blocked(*args, cwd=ROOT, env=None):
-    r = subprocess.run([sys.executable, "-c", BLOCKED, *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})})
+    r = warm.run(args, cwd=cwd, blocked=True,
+                 env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})})
     return r.returncode, r.stdout, r.stderr
 
 

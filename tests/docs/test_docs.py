@@ -18,14 +18,13 @@ import ast
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 import figures
+import warm
 
 ROOT = figures.ROOT
 PROSE = sorted({ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md"),
@@ -191,8 +190,7 @@ def test_generated_blocks_equal_their_page(path):
 def test_the_headline_page_is_what_render_makes_of_its_json(tmp_path):
     src = ROOT / "results/h200/count-block.json"
     (tmp_path / src.name).write_bytes(src.read_bytes())
-    r = subprocess.run([sys.executable, "-m", "moebench", "render", str(tmp_path / src.name)], cwd=ROOT,
-                       capture_output=True, text=True, env=_env())
+    r = warm.run(["render", tmp_path / src.name], cwd=ROOT, env=_env())
     assert r.returncode == 0, r.stderr
     rendered = (tmp_path / "count-block.md").read_text()
     assert _tables(rendered)[0] == _tables(src.with_suffix(".md").read_text())[0]
@@ -341,15 +339,13 @@ def test_spec_blocks_validate_and_the_named_files_run_as_written(path, tmp_path)
             specs.append(name)
     plugins = [x for n in files if n.endswith(".py") for x in ("--plugin", n)]
     if specs:
-        r = subprocess.run([sys.executable, "-m", "moebench", "validate", *specs, *plugins], cwd=tmp_path,
-                           capture_output=True, text=True, env=_env(), timeout=120)
+        r = warm.run(["validate", *specs, *plugins], cwd=tmp_path, env=_env(), timeout=120)
         assert r.returncode == 0, f"{path.name}: {r.stdout}{r.stderr}"
     ran = 0
     for lang, body in _blocks(text):
         for line in _lines(body) if lang == "bash" else []:
             if MOEBENCH.match(line) and any(n in shlex.split(line) for n in files):
-                argv = [sys.executable, "-m", "moebench", *shlex.split(MOEBENCH.match(line).group(1))]
-                r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=120)
+                r = warm.run(shlex.split(MOEBENCH.match(line).group(1)), cwd=tmp_path, env=_env(), timeout=120)
                 assert r.returncode == 0, f"{path.name}: `{line}` exited {r.returncode}:\n{r.stdout}{r.stderr}"
                 ran += 1
     assert ran or not any(n.endswith(".py") for n in files), f"{path.name}: no bash line runs its plugin"
