@@ -22,16 +22,16 @@ SWEEP   ?= count-block
 # GPU (the CPU torch, pinned in the same pip call). `make install` (and `make sweep`) installs what
 # moebench needs to run; `make unit` / `make test` add the test tools, in the same single pip call
 # when .venv is new. The pip flags of the mode are kept in $(VENV)/.pip-flags for a later install.
-# PIP_COMPILE=--no-compile (what `make test` passes) leaves the byte-compiling of torch's and
+# INSTALL_COMPILE=--no-compile (what `make test` passes) leaves the byte-compiling of torch's and
 # triton's ~1.7 GB to the first import of each module: the tests import a small part of it.
-PIP_COMPILE ?=
+INSTALL_COMPILE ?=
 define make_venv
 set -e; set -- $$($(PY) scripts/venv_mode.py --gpu "$(HAS_GPU)"); \
 [ -n "$$1" ] || { echo "make: scripts/venv_mode.py failed under $(PY)" >&2; exit 1; }; \
 if [ "$$1" = system ]; then $(PY) scripts/venv_mode.py --make-venv $(VENV); else $(PY) -m venv $(VENV); fi; \
 torch=; if [ "$$1" = cpu ]; then torch=$(TORCH_CPU); fi; \
 echo "$$2" > $(VENV)/.pip-flags; \
-$(BIN)/python -m pip install -q $(PIP_COMPILE) $$2 $$torch -e '.$(1)'
+$(BIN)/python -m pip install -q $(INSTALL_COMPILE) $$2 $$torch -e '.$(1)'
 endef
 
 $(BIN)/.installed: pyproject.toml scripts/venv_mode.py
@@ -41,7 +41,7 @@ $(BIN)/.installed: pyproject.toml scripts/venv_mode.py
 # over an up-to-date .venv the test tools alone; otherwise .venv made with them
 $(BIN)/.test-installed: pyproject.toml scripts/venv_mode.py
 	if [ $(BIN)/.installed -nt pyproject.toml ] && [ $(BIN)/.installed -nt scripts/venv_mode.py ]; then \
-	  $(BIN)/python -m pip install -q $(PIP_COMPILE) $$(cat $(VENV)/.pip-flags) -e '.[test]'; \
+	  $(BIN)/python -m pip install -q $(INSTALL_COMPILE) $$(cat $(VENV)/.pip-flags) -e '.[test]'; \
 	else $(call make_venv,[test]); touch $(BIN)/.installed; fi
 	touch $@
 
@@ -55,7 +55,7 @@ unit: $(BIN)/.test-installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto
 
 $(VENV)/triton-old/.installed: $(BIN)/.test-installed
-	$(BIN)/python -m pip install -q $(PIP_COMPILE) --no-deps --target $(VENV)/triton-old $(TRITON_OLD)
+	$(BIN)/python -m pip install -q $(INSTALL_COMPILE) --no-deps --target $(VENV)/triton-old $(TRITON_OLD)
 	touch $@
 
 compat: $(VENV)/triton-old/.installed
@@ -82,10 +82,10 @@ smoke-act: install
 
 # the triton 3.6 download overlaps the unit suite. Imports write their .pyc files here, whatever
 # PYTHONDONTWRITEBYTECODE says outside: each module is compiled once, not in every test process.
-test: PIP_COMPILE := --no-compile
+test: INSTALL_COMPILE := --no-compile
 test: export PYTHONDONTWRITEBYTECODE :=
 test: $(BIN)/.test-installed
-	$(MAKE) --no-print-directory -j2 PIP_COMPILE=$(PIP_COMPILE) unit $(VENV)/triton-old/.installed
+	$(MAKE) --no-print-directory -j2 INSTALL_COMPILE=$(INSTALL_COMPILE) unit $(VENV)/triton-old/.installed
 	$(MAKE) --no-print-directory compat
 	$(MAKE) --no-print-directory smoke
 

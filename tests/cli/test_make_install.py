@@ -92,7 +92,7 @@ def test_make_install_follows_the_mode(tmp_path, gpu, mode, venv_cmd, pip):
     # `make test` on a new machine: one pip call, the test tools included, nothing byte-compiled ahead
     log.unlink()
     r = subprocess.run(["make", "--no-print-directory", f"{tmp_path / 'v2'}/bin/.test-installed", f"PY={py}",
-                        f"VENV={tmp_path / 'v2'}", f"HAS_GPU={gpu}", "PIP_COMPILE=--no-compile"], cwd=ROOT, env=env,
+                        f"VENV={tmp_path / 'v2'}", f"HAS_GPU={gpu}", "INSTALL_COMPILE=--no-compile"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr + r.stdout
     calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
