@@ -12,6 +12,7 @@ HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
 # The GPU image's triton: the kernel tests also run under its interpreter (moebench.core.interpret)
 TRITON_OLD ?= triton==3.6.0
+OLD     ?= $(VENV)-triton-old
 SWEEP   ?= count-block
 
 .PHONY: install sweep test unit compat smoke smoke-count smoke-act h200 h200-layer clean
@@ -54,12 +55,14 @@ sweep: install
 unit: $(BIN)/.test-installed
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n auto
 
-$(VENV)/triton-old/.installed: $(BIN)/.test-installed
-	$(BIN)/python -m pip install -q $(INSTALL_COMPILE) --no-deps --target $(VENV)/triton-old $(TRITON_OLD)
+# the older triton alone, with this machine's pip: it needs no .venv, so it installs beside it
+$(OLD)/.installed:
+	$(PY) -m pip install -q $(INSTALL_COMPILE) --no-deps --target $(OLD) $(TRITON_OLD)
 	touch $@
 
-compat: $(VENV)/triton-old/.installed
-	PYTHONPATH=$(VENV)/triton-old $(BIN)/python -m pytest -q -p no:cacheprovider -n auto tests/families tests/core/test_interpret.py tests/core/test_tritonpatch.py
+# one process: the kernel tests are short, and a second worker would only import everything again
+compat: $(BIN)/.test-installed $(OLD)/.installed
+	PYTHONPATH=$(OLD) $(BIN)/python -m pytest -q -p no:cacheprovider tests/families tests/core/test_interpret.py tests/core/test_tritonpatch.py
 
 # two chains of CLI runs, one per core (each command is a single-threaded interpreter run)
 smoke: install
@@ -80,14 +83,14 @@ smoke-act: install
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
 
-# the triton 3.6 download overlaps the unit suite. Imports write their .pyc files here, whatever
+# The two installs side by side (pip unpacks on one core), then the unit suite on both cores, then
+# the triton 3.6 tests beside the smoke runs. Imports write their .pyc files here, whatever
 # PYTHONDONTWRITEBYTECODE says outside: each module is compiled once, not in every test process.
-test: INSTALL_COMPILE := --no-compile
 test: export PYTHONDONTWRITEBYTECODE :=
-test: $(BIN)/.test-installed
-	$(MAKE) --no-print-directory -j2 INSTALL_COMPILE=$(INSTALL_COMPILE) unit $(VENV)/triton-old/.installed
-	$(MAKE) --no-print-directory compat
-	$(MAKE) --no-print-directory smoke
+test:
+	$(MAKE) --no-print-directory -j2 INSTALL_COMPILE=--no-compile $(BIN)/.test-installed $(OLD)/.installed
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory -j2 compat smoke
 
 # GPU only, a benchmark, not a test: every result under results/h200/ (TIMER.md included) from one
 # device session; copy $(OUT)/A/h200/* into results/h200/ afterwards.
@@ -99,4 +102,4 @@ h200-layer:
 	bash scripts/h200-layer.sh $(or $(OUT),h200-layer-run)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(OLD) build *.egg-info .pytest_cache
