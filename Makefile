@@ -15,7 +15,7 @@ TRITON_OLD ?= triton==3.6.0
 OLD     ?= $(VENV)-triton-old
 SWEEP   ?= count-block
 
-.PHONY: install sweep test unit compat smoke smoke-count smoke-act h200 h200-layer clean
+.PHONY: install sweep test unit compat smoke smoke-runs smoke-start smoke-count smoke-act h200 h200-layer clean
 
 # scripts/venv_mode.py decides (and says why): `system` on a GPU machine whose $(PY) already has a
 # CUDA torch and triton at pyproject's minimums (a venv over them, also when $(PY) is itself a venv:
@@ -60,26 +60,33 @@ $(OLD)/.installed:
 	$(PY) -m pip install -q $(INSTALL_COMPILE) --no-deps --target $(OLD) $(TRITON_OLD)
 	touch $@
 
-# one process: the kernel tests are short, and a second worker would only import everything again
+# the kernels and the interpreter patches under triton 3.6, in one process (`make test` runs it beside
+# the smoke runs): the kernel tests are short, and a second worker would only import everything again
+COMPAT_TESTS := tests/families/test_count.py tests/families/test_act.py tests/families/test_combine.py \
+                tests/core/test_interpret.py tests/core/test_tritonpatch.py
 compat: $(BIN)/.test-installed $(OLD)/.installed
-	PYTHONPATH=$(OLD) $(BIN)/python -m pytest -q -p no:cacheprovider tests/families tests/core/test_interpret.py tests/core/test_tritonpatch.py
+	PYTHONPATH=$(OLD) $(BIN)/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS)
 
-# two chains of CLI runs, one per core (each command is a single-threaded interpreter run)
+# two chains of CLI runs, one per core (each command is a single-threaded interpreter run): every
+# family and every sweep's variants through the installed console command (the unit suite also
+# runs count-block, act-grid and `verify count-block` in process)
 smoke: install
-	rm -rf $(SMOKE)
-	$(BIN)/moebench validate sweeps/*.yaml
-	$(MAKE) --no-print-directory -j2 smoke-count smoke-act
+	$(MAKE) --no-print-directory -j2 smoke-runs
+
+smoke-runs: smoke-count smoke-act
 	test -f $(SMOKE)/host/combine-lds-quick.json  # one layout for every family: OUT/<device>/NAME.*
 
-smoke-count: install
+smoke-start: install
+	rm -rf $(SMOKE)
+	$(BIN)/moebench validate sweeps/*.yaml
+
+smoke-count: smoke-start
 	$(BIN)/moebench sweep count-block --quick --out $(SMOKE)
-	$(BIN)/moebench verify count-block --quick --out $(SMOKE)
 	$(BIN)/moebench sweep count-variants --quick --out $(SMOKE)
 	$(BIN)/moebench sweep layer --quick --out $(SMOKE)
 
-smoke-act: install
+smoke-act: smoke-start
 	$(BIN)/moebench sweep act-variants --quick --out $(SMOKE)
-	$(BIN)/moebench sweep act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
 	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
 
@@ -90,7 +97,7 @@ test: export PYTHONDONTWRITEBYTECODE :=
 test:
 	$(MAKE) --no-print-directory -j2 INSTALL_COMPILE=--no-compile $(BIN)/.test-installed $(OLD)/.installed
 	$(MAKE) --no-print-directory unit
-	$(MAKE) --no-print-directory -j2 compat smoke
+	$(MAKE) --no-print-directory -j2 compat smoke-runs
 
 # GPU only, a benchmark, not a test: every result under results/h200/ (TIMER.md included) from one
 # device session; copy $(OUT)/A/h200/* into results/h200/ afterwards.

@@ -15,7 +15,6 @@ Nothing of moebench is imported here at module level: the child imports this mod
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import subprocess
 import sys

@@ -236,8 +236,7 @@ def _pty_help(*args: str) -> str:
 
 
 def test_sweep_help_is_in_panels_in_a_pipe_and_a_terminal(capsys):
-    piped = subprocess.run([sys.executable, "-m", "moebench", "sweep", "--help"], cwd=ROOT, capture_output=True,
-                           text=True, timeout=60)
+    piped = warm.run(["sweep", "--help"], cwd=ROOT, timeout=60)
     assert piped.returncode == 0, piped.stderr
     for text in (piped.stdout, _pty_help("sweep")):
         for panel in SWEEP_PANELS:

@@ -4,8 +4,6 @@ a page of other content, another spec of the same name, a plugin edited between 
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 import warm
 

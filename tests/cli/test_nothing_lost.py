@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path

@@ -5,8 +5,6 @@ interpreter, each in its own process (a crash must not take the test process wit
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path

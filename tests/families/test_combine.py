@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import warm
+
 from moebench.core.cases import expand
 from moebench.errors import SpecError
 from moebench.families.combine import FAMILY, LDS_BUDGET
@@ -278,8 +280,7 @@ def test_kernel_module_is_torch_free():
 
 
 def test_quick_sweep_end_to_end(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "moebench", "sweep", "combine-lds", "--quick", "--out", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = warm.run(["sweep", "combine-lds", "--quick", "--out", tmp_path], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "host" / "combine-lds-quick.md").read_text()  # OUT/<device>/NAME.*, host-only too
     assert "**8/8 match**" in md and "## Per-element fallback band" in md

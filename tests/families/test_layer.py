@@ -7,6 +7,8 @@ import sys
 import types
 
 import pytest
+
+import warm
 import torch
 
 from moebench.analysis.ab import OFF, ON, ab_markdown, ab_pairs, parse_setting, run_arms
@@ -557,7 +559,6 @@ def test_a_plugin_count_variant_runs_inside_the_layer(tmp_path):
     exit 2 listing the variants there are."""
     import json
     import os
-    import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
@@ -577,8 +578,7 @@ fixed: {{tokens: 13, buffer_tokens: 16, num_experts: 16, topk: 4, local_experts:
     env.update(TRITON_INTERPRET="1", COLUMNS="200", PYTHONPATH=str(root))
 
     def moebench(*args):
-        return subprocess.run([sys.executable, "-m", "moebench", *map(str, args)], cwd=root, env=env,
-                              capture_output=True, text=True, timeout=600)
+        return warm.run(args, cwd=root, env=env, timeout=600)
 
     r = moebench("sweep", spec, "--interpret", "--out", tmp_path / "out")
     assert r.returncode == 0, r.stderr

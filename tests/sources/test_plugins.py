@@ -3,8 +3,6 @@ ways in (--plugin, a spec's plugins:, an entry point), and the errors a user can
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -7,8 +7,6 @@ argument name and the bit-exact check against the seed baseline under the interp
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
