@@ -43,9 +43,9 @@ fixed: {{buffer_tokens: 64}}
 """
 
 
-def long_count_spec(name: str) -> str:
-    """A 40-case count sweep (ten seeds x four blocks) that lasts many seconds under the interpreter:
-    long enough to be interrupted, or signalled, mid-run."""
+def long_count_spec(name: str, seeds: int = 10) -> str:
+    """A 4 x `seeds`-case count sweep (seeds x four blocks) that lasts many seconds under the
+    interpreter: long enough to be interrupted, or signalled, mid-run."""
     return f"""
 name: {name}
 family: count
@@ -53,7 +53,7 @@ model: qwen3-30b-a3b
 variants: [persistent]
 baseline: {{variant: persistent, block_size: 1024}}
 axes:
-  seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+  seed: {list(range(seeds))}
   block_size: [32, 64, 128, 256]
 fixed: {{buffer_tokens: 256, tokens: 200}}
 """

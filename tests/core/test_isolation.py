@@ -320,14 +320,14 @@ def test_a_hung_input_build_stops_at_the_limit_and_the_run_goes_on(tmp_path, iso
     spec.write_text("name: stuck\nfamily: stuckfam\nplugins: [stuckfam.py]\nvariants: [copy]\n"
                     "baseline: {variant: copy}\naxes: {n: [8, 16, 32, 64]}\nfixed: {hang_at: 16, exit_at: 32}\n")
     t0 = time.monotonic()
-    r = moebench("sweep", spec, "--out", tmp_path, "--case-limit", "2", *(["--isolate"] if isolate else []),
+    r = moebench("sweep", spec, "--out", tmp_path, "--case-limit", "1", *(["--isolate"] if isolate else []),
                  timeout=120)
     assert r.returncode == 1, r.stderr
     assert time.monotonic() - t0 < 100
     doc = json.loads(next(tmp_path.rglob("stuck.json")).read_text())
     assert doc["provenance"]["complete"]
     got = {x["params"]["n"]: x for x in doc["records"]}
-    assert got[16]["status"] == "error" and got[16]["error"].startswith("CaseTimeLimit: still running after 2 s")
+    assert got[16]["status"] == "error" and got[16]["error"].startswith("CaseTimeLimit: still running after 1 s")
     assert got[32]["status"] == "error" and "sys.exit(7)" in got[32]["error"]
     assert got[8]["status"] == got[64]["status"] == "ok"
 
@@ -403,8 +403,8 @@ def test_the_watchdog_kills_a_child_deaf_to_the_case_limit(tmp_path, monkeypatch
     spec_path.write_text(spec_path.read_text().replace("plugins: [bad.py]\n", ""))
     spec = load_spec(str(spec_path))
     cases = [c for c in expand(spec) if c.variant == "deaf" or c.params["tokens"] == 30][:3]
-    monkeypatch.setattr(workers, "WATCHDOG_GRACE_S", 0.5)
-    opts = Options(timing=spec.timing, time_it=False, case_limit_s=1.0)
+    monkeypatch.setattr(workers, "WATCHDOG_GRACE_S", 0.25)
+    opts = Options(timing=spec.timing, time_it=False, case_limit_s=0.5)
     recs = list(workers._run_workers(spec, cases, ["iso"], True, opts=opts, respawn=True))
     got = {r.case_id: r for r in recs}
     assert sorted(got) == sorted(c.id for c in cases)
