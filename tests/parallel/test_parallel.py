@@ -581,3 +581,15 @@ def test_a_pass_a_plugin_registers_runs_inside_two_workers(tiny, tmp_path, monke
         assert r.status == "ok" and _same(r, single[r.case_id])
         assert r.cross["stamp_pid"] != os.getpid() and r.cross["records"] == len(cases)
         assert r.timing["worker"] in ("CPU w0", "CPU w1")
+
+
+def test_interpreter_workers_fork_from_a_warm_server_and_gpu_workers_are_spawned():
+    """On a GPU each worker is a fresh interpreter (it pins CUDA_VISIBLE_DEVICES before torch loads);
+    under the interpreter the workers fork from a server that imported torch and triton once, and
+    none of moebench (each child loads the kernels after it sets TRITON_INTERPRET)."""
+    from moebench.parallel import workers
+
+    assert workers._context(False).get_start_method() == "spawn"
+    ctx = workers._context(True)
+    assert ctx.get_start_method() == "forkserver"
+    assert "torch" in workers.WARM and not any(m.startswith("moebench") for m in workers.WARM)
