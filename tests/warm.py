@@ -7,8 +7,10 @@ torch and triton once (multiprocessing's forkserver); it then takes the test's e
 folder and arguments, imports moebench afresh (the server holds none of it, so TRITON_INTERPRET and
 every MOEBENCH_ variable are read as a fresh process reads them) and runs `moebench/__main__.py` as
 `python -m` does. What comes back is what `subprocess.run(..., capture_output=True, text=True)`
-gives. Tests that are about the start-up itself (imports, a torch-free reader, the relaunch under
-.venv, signals) keep a fresh interpreter.
+gives. A second server, which never imports torch or triton, runs the commands that must work where
+they cannot be imported (`blocked=True`: its child finds both blocked). Tests that are about the
+start-up itself (the imports, the relaunch under .venv, signals under -X importtime) keep a fresh
+interpreter.
 
 Nothing of moebench is imported here at module level: the child imports this module to find `_child`.
 """
