@@ -13,10 +13,7 @@ parser and the verdict. The `counters` pass (moebench.core.passes) calls `collec
          -> ncu's CSV (one row per kernel launch and metric) -> kernels per case (split at the
             markers) -> cross.counters, cross.verdict, cross.work_check on each record
 
-The tool is `Ncu` (unavailable / version / profile; a test hands in another with those). Why
-the ncu subprocess: it needs no Python wheels on the machine (cupti-python needs ~27 MB carried),
-it replays each kernel for exact per-kernel counters, and with `--graph-profiling node` it profiles
-the kernels inside a CUDA graph; the PyTorch profiler returned no metric values on the H200.
+The tool is `Ncu` (unavailable / version / profile; a test hands in another with those).
 
 Aggregation over the kernels of one case (a layer step launches several): bytes, instructions,
 atomics and durations are summed; throughput percentages and achieved occupancy are weighted by
@@ -44,7 +41,6 @@ from moebench.sources import arms
 
 # ----------------------------------------------------------------------------------- metrics
 
-# Every one returned a value on the H200 with ncu 2025.3.1 (.probe/ncu.csv, tests/core/data/ncu.csv).
 METRICS = (
     "sm__warps_active.avg.pct_of_peak_sustained_active",  # achieved occupancy, %
     "sm__maximum_warps_per_active_cycle_pct",  # theoretical occupancy, %
@@ -100,8 +96,8 @@ LOW_OCCUPANCY_PCT = 25.0
 # work-model check: the L2 saw more than 2x, or under half, the bytes the family's model says.
 TRAFFIC_FAR_X = 2.0
 
-# The child under ncu: startup (python, torch, triton) plus ~0.5 s per profiled kernel on the H200
-# (the probe: 24 launches with 21 metrics in 20 s); generous, so a slow first compile does not trip it.
+# The child under ncu: startup (python, torch, triton) plus a share per case; generous, so a slow
+# first compile does not trip it.
 TIMEOUT_BASE_S = 180.0
 TIMEOUT_PER_CASE_S = 10.0
 # graph replays before the profiled one when the run timed warm L2 (its working set L2-resident)
@@ -119,13 +115,12 @@ RAW_ENV = "MOEBENCH_COUNTERS_RAW"
 
 @dataclass
 class Kernel:
-    """One profiled kernel launch: ncu's ID, name, grid and block, and its metric values (numbers
-    in base units: bytes, ns, Hz, %, counts)."""
+    """One profiled kernel launch: ncu's ID, name and grid, and its metric values (numbers in base
+    units: bytes, ns, Hz, %, counts)."""
 
     id: int
     name: str
     grid: str
-    block: str
     metrics: dict[str, float | None] = field(default_factory=dict)
 
     def get(self, name: str) -> float | None:
@@ -183,7 +178,7 @@ def parse_ncu_csv(text: str) -> list[Kernel]:
         except ValueError:
             return None
         if kid not in kernels:
-            kernels[kid] = Kernel(kid, r[col["Kernel Name"]], r[col.get("Grid Size", 0)], r[col.get("Block Size", 0)])
+            kernels[kid] = Kernel(kid, r[col["Kernel Name"]], r[col.get("Grid Size", 0)])
         return kernels[kid]
 
     if "Metric Name" not in col:
@@ -312,16 +307,21 @@ def work_check(counters: Mapping[str, Any], work: Mapping[str, Any]) -> dict[str
     out = {"model_bytes": int(model), "l2_bytes": int(l2), "dram_bytes": int(dram), "x_model": round(x, 2),
            "dram_x_model": round(dram / model, 2), "far": far}
     if far:
-        out["note"] = (f"L2 traffic {_bytes(l2)} is {x:.1f}x the work model's {_bytes(model)} "
+        out["note"] = (f"L2 traffic {scaled(l2, 'B')} is {x:.1f}x the work model's {scaled(model, 'B')} "
                        f"(outside {1 / TRAFFIC_FAR_X:g}x-{TRAFFIC_FAR_X:g}x)")
     return out
 
 
-def _bytes(n: float) -> str:
-    for unit, s in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= s:
-            return f"{n / s:.1f} {unit}"
-    return f"{n:.0f} B"
+def scaled(n: float | None, unit: str = "") -> str:
+    """A count with one decimal and a K, M or G prefix ("25.8K"; with a unit, "8.5 KB"); "—" for None."""
+    if n is None:
+        return "—"
+    n = float(n)
+    sep = " " if unit else ""
+    for prefix, s in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= s:
+            return f"{n / s:.1f}{sep}{prefix}{unit}"
+    return f"{n:.0f}{sep}{unit}"
 
 
 def verdict(counters: Mapping[str, Any], work: Mapping[str, Any], x_leanest: float | None) -> dict[str, Any]:
@@ -372,7 +372,6 @@ class Profiled:
     kernels: list[Kernel] = field(default_factory=list)
     error: str | None = None
     dropped: list[str] = field(default_factory=list)  # optional metrics this GPU does not list
-    command: list[str] = field(default_factory=list)
 
 
 def find_ncu(environ: Mapping[str, str]) -> tuple[str | None, str]:
@@ -462,9 +461,9 @@ class Ncu:
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(env))
         except subprocess.TimeoutExpired:
-            return Profiled(error=f"ncu did not finish within {timeout_s:.0f} s", command=cmd)
+            return Profiled(error=f"ncu did not finish within {timeout_s:.0f} s")
         except OSError as e:
-            return Profiled(error=f"ncu could not start: {e.strerror or e}", command=cmd)
+            return Profiled(error=f"ncu could not start: {e.strerror or e}")
         if raw is not None:
             raw.mkdir(parents=True, exist_ok=True)
             (raw / "ncu.csv").write_text(p.stdout)
@@ -472,15 +471,14 @@ class Ncu:
         both = p.stdout + "\n" + p.stderr
         if _PERM in both:
             return Profiled(error=f"no permission to read the GPU's performance counters (ncu: {_PERM}); allow "
-                                  "them for all users (NVreg_RestrictProfilingToAdminUsers=0) or run as root",
-                            command=cmd)
+                                  "them for all users (NVreg_RestrictProfilingToAdminUsers=0) or run as root")
         kernels = parse_ncu_csv(p.stdout)
         if p.returncode != 0 or not kernels:
             errs = [ln.strip() for ln in both.splitlines() if "==ERROR==" in ln]
             tail = errs[-1] if errs else (both.strip().splitlines() or ["no output"])[-1]
             return Profiled(kernels, error=f"ncu exited {p.returncode} with no profiled kernels: {tail[:240]}"
-                            if not kernels else f"ncu exited {p.returncode}: {tail[:240]}", command=cmd)
-        return Profiled(kernels, command=cmd)
+                            if not kernels else f"ncu exited {p.returncode}: {tail[:240]}")
+        return Profiled(kernels)
 
 
 # ----------------------------------------------------------------------------------- the pass's work

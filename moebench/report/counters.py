@@ -22,16 +22,6 @@ def _pct(v: Any) -> str:
     return "—" if v is None else f"{v:.0f}%"
 
 
-def _big(n: Any) -> str:
-    if n is None:
-        return "—"
-    n = float(n)
-    for unit, s in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= s:
-            return f"{n / s:.1f}{unit}"
-    return f"{n:.0f}"
-
-
 def section(spec, records) -> str:
     """Markdown for the page, or "" when no record carries counters."""
     have = [r for r in records if r.status == "ok" and _counters(r) is not None]
@@ -103,9 +93,9 @@ def _case_table(recs) -> str:
                      f"{num(c.get('theoretical_occupancy_pct'), '.0f')} ({c.get('limiter') or '—'})",
                      num(r.work.get("occupancy_pct"), ".1f"), num(c.get("waves")), num(c.get("dram_pct"), ".1f"),
                      num(c.get("l2_pct"), ".1f"), num(c.get("l2_hit_pct"), ".0f"), num(c.get("sm_pct"), ".1f"),
-                     _big(c.get("instructions")), num(v.get("x_leanest_instructions")),
-                     num(c.get("active_lanes_pct"), ".0f"), _big(c.get("atomics")),
-                     (f"{_big(chk.get('l2_bytes'))} / {_big(chk.get('model_bytes'))}"
+                     K.scaled(c.get("instructions")), num(v.get("x_leanest_instructions")),
+                     num(c.get("active_lanes_pct"), ".0f"), K.scaled(c.get("atomics")),
+                     (f"{K.scaled(chk.get('l2_bytes'))} / {K.scaled(chk.get('model_bytes'))}"
                       + (" ⚑" if chk.get("far") else "")) if chk else "—",
                      f"**{v.get('bound', '—')}**", v.get("why", "")])
     return md_table(head, rows)

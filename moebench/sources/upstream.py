@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from moebench.errors import Unavailable
 
@@ -149,6 +149,16 @@ def load(name: str) -> Any:
     _LOADED[name] = obj
     _MODULES[name] = sys.modules[st.module]
     return obj
+
+
+def require_args(kernel: Any, names: Sequence[str], what: str) -> None:
+    """Raise Unavailable unless the upstream @triton.jit `kernel` takes every argument in `names`
+    (moebench launches it by name, so a renamed argument upstream is a reason, not a crash)."""
+    have = tuple(getattr(kernel, "arg_names", ()))
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise Unavailable(f"the upstream {what} kernel's arguments are {', '.join(have) or 'unknown'}; moebench "
+                          f"launches it by name and misses {', '.join(missing)}")
 
 
 def _run_file(name: str, root: Path) -> Any:

@@ -27,7 +27,7 @@ def kernels():
 
 
 def marker(i):
-    return K.Kernel(-1, K.MARKER_KERNEL, f"({i + 1}, 1, 1)", "(1, 1, 1)", {"gpu__time_duration.sum": 900.0})
+    return K.Kernel(-1, K.MARKER_KERNEL, f"({i + 1}, 1, 1)", {"gpu__time_duration.sum": 900.0})
 
 
 # ----------------------------------------------------------------------------------- parsing
@@ -85,7 +85,7 @@ def test_aggregate_sums_weights_and_takes_the_longest_kernels_geometry():
 
 
 def test_limiter_is_the_smallest_launch_limit_past_one_wave():
-    k = K.Kernel(0, "k", "(4096, 1, 1)", "(256, 1, 1)", {
+    k = K.Kernel(0, "k", "(4096, 1, 1)", {
         "launch__waves_per_multiprocessor": 3.9, "launch__occupancy_limit_registers": 4,
         "launch__occupancy_limit_shared_mem": 32, "launch__occupancy_limit_blocks": 32,
         "launch__occupancy_limit_warps": 8, "gpu__time_duration.sum": 1000.0,
@@ -163,7 +163,7 @@ def test_attach_sets_counters_verdicts_and_the_leanest_of_each_shape():
     spec, cases, recs = _cases_and_records(3)
     ks = kernels()
     # case 0: one kernel of the 256-token probe config; case 1: 4x its instructions; case 2: nothing ran
-    heavy = K.Kernel(99, "_count_persistent_kernel", "(132, 1, 1)", "(128, 1, 1)", dict(ks[1].metrics))
+    heavy = K.Kernel(99, "_count_persistent_kernel", "(132, 1, 1)", dict(ks[1].metrics))
     heavy.metrics["smsp__inst_executed.sum"] = 4 * ks[0].get("smsp__inst_executed.sum")
     got = K.Profiled([marker(0), ks[0], marker(1), heavy, marker(2)])
     K.attach(spec, cases, recs, got, {cases[2].id: "RuntimeError: boom"}, tool_name="ncu", tool_version="2025.3.1",

@@ -26,10 +26,7 @@ def widths(params: dict) -> tuple[int, int]:
 def cost(params: dict) -> int:
     """Elements a case builds and touches, for the sharding cost model: input W + output N
     columns, for the capacity rows and the live ones."""
-    try:
-        w, o = widths(params)
-    except (KeyError, TypeError):  # a malformed case still gets a cost
-        w = o = params.get("ffn") or 0
+    w, o = widths(params)
     return (params.get("rows", 0) + params.get("live_rows", 0)) * (w + o)
 
 
@@ -73,7 +70,7 @@ FAMILY = FamilySpec(
     ),
     default_pivot={"rows": "grid_cap", "cols": "live_rows", "metric": "median_us"},
     plot=Preset("grid_cap", "live_rows", "occupancy curve", floor_panel=True),
-    cost=lambda params: cost(params),
+    cost=cost,
     twin_tolerance=0.03,  # seed vs Megatron's kernel: bandwidth-bound, 0.6% median run to run
     variants=(
         VariantSpec("capped", params=("grid_cap", "num_warps"),

@@ -13,7 +13,7 @@ bytes (2 bf16, 4 fp32), S = srcMax (distinct source ranks a warp reserves for), 
 - new rule (the PR): S = min(P, K); chunks = the least count >= MORI_COMB_TDM whose need fits B.
 - path: QUAD when S == P (QUAD sizes its own tiles and never reads this budget); otherwise PULL
   when the need fits; otherwise the per-element fallback, which reads peer memory with the
-  fabric latency exposed (619 us against 81 us at world 8, topk 6 in the PR).
+  fabric latency exposed.
 
 Pure integer arithmetic: no torch, no triton. `evaluate` is what the host runner calls per case;
 moebench.report.sections.combine reads these (seed figures, fallback band, path changes, the new
@@ -22,7 +22,7 @@ rule's guarantee) into the sweep's results page.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from moebench.core.family import cdiv
 from moebench.families.combine import FAMILY, LDS_BUDGET
@@ -58,14 +58,6 @@ def tile_elems(hidden: int, chunks: int, dtype: str) -> int:
 
 def lds_need(ptr: int, warps: int, src_max: int, tile: int, dtype: str) -> int:
     return ptr + warps * src_max * tile * _ELEM_BYTES[dtype]
-
-
-def src_max_old(world: int, topk: int, compact_npes: int = _COMPACT_NPES) -> int:
-    return world if (world <= compact_npes and world < topk) else topk
-
-
-def src_max_new(world: int, topk: int) -> int:
-    return min(world, topk)
 
 
 def tile_cap(warps: int, src_max: int, ptr: int, budget: int, dtype: str) -> int:
@@ -107,10 +99,10 @@ def size(rule: str, world: int, topk: int, hidden: int, warps: int, *, budget: i
     ptr = pointer_bytes(warps, topk, use_weights)
     cap = None
     if rule == "old":
-        src = src_max_old(world, topk, compact_npes)
+        src = world if (world <= compact_npes and world < topk) else topk
         chunks = tdm
     elif rule == "new":
-        src = src_max_new(world, topk)
+        src = min(world, topk)
         cap = tile_cap(warps, src, ptr, budget, dtype)
         # nothing fits: keep MORI_COMB_TDM, the need stays over budget and combine falls back
         chunks = fit_chunks(hidden, cap, tdm) or tdm
@@ -143,8 +135,7 @@ def evaluate(params: dict, rule: str) -> dict:
     s = size(rule, params["world"], params["topk"], params["hidden"], params["warps"],
              budget=params["budget"], tdm=params["tdm"], dtype=params["dtype"],
              use_weights=params["use_weights"], **extra)
-    return {"rule": s.rule, "src_max": s.src_max, "chunks": s.chunks, "tile": s.tile, "tile_cap": s.tile_cap,
-            "ptr_bytes": s.ptr_bytes, "lds_bytes": s.lds_bytes, "fits": s.fits, "path": s.path}
+    return asdict(s)
 
 
 # ----------------------------------------------------------------------------------- seed figures

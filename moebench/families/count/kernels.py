@@ -5,17 +5,6 @@ Shapes: T = buffer_tokens (capture-time capacity), V = tokens (valid this step, 
 scalar), K = topk, E = num_experts, L = local_experts, S = local_expert_start, P = programs
 (the grid), B = BLOCK_SIZE (pairs per chunk). The map is read flat: pair i is token i // K.
 
-The seed baselines follow Megatron's mechanism (megatron/core/inference/moe/permute.py):
-
-- `persistent`: P = SM count programs; the V*K valid pairs are cut into C = ceil(V*K / B) chunks
-  and program p takes the contiguous run [p * ceil(C / P), min((p + 1) * ceil(C / P), C)); a
-  program whose run starts past C does nothing. K is a runtime argument, L a constexpr.
-- `nonpersistent`: ceil(T*K / B) programs from the capacity, one chunk each.
-
-`strided` is moebench's first kernel: program p takes chunks p, p + P, p + 2P, ... with K a
-constexpr and L a runtime argument. `prefetch` and `privatized` build on it. `upstream` and
-`upstream-nonpersistent` launch Megatron's own kernels, imported at run time.
-
 Because the counts are an integer reduction by atomic_add, the launch geometry decides only
 which thread issues which increment, never the multiset of increments: every geometry is
 bit-exact with every other, and with torch.bincount.
@@ -30,7 +19,6 @@ import triton
 import triton.language as tl
 
 from moebench.core.family import Built, Check, cdiv, next_pow2
-from moebench.errors import Unavailable
 from moebench.families.count import FAMILY
 from moebench.sources import upstream
 
@@ -206,84 +194,49 @@ def _count_privatized_kernel(
 
 def count_persistent(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int, kernel=None):
     """The persistent count: moebench's kernel, or `kernel` (Megatron's, same signature by name)."""
-    if kernel is None:
-        kernel = _count_persistent_kernel
-        args = (inp.routing_map, inp.counts, inp.valid, params["topk"], params["local_expert_start"],
-                params["local_experts"], grid)
-        names = ("routing_map_ptr", "counts_ptr", "valid_tokens_ptr", "topk", "local_start", "NUM_LOCAL",
-                 "num_programs")
-    else:
-        args, names = _upstream_args(kernel, inp, params, persistent=True, grid=grid)
-    kw = dict(zip(names, args))
-
-    def launch():
-        kernel[(grid,)](**kw, BLOCK_SIZE=block_size, num_warps=num_warps)
-
-    return launch
+    return _seed_launch(inp, params, grid, block_size, num_warps, kernel, persistent=True)
 
 
 def count_nonpersistent(inp: Inputs, params: dict, block_size: int, num_warps: int, kernel=None):
     grid = cdiv(params["buffer_tokens"] * params["topk"], block_size)
+    return _seed_launch(inp, params, grid, block_size, num_warps, kernel, persistent=False), grid
+
+
+# The seed kernels' argument names and Megatron's, in their kernels' order; the persistent kernels
+# take the last one too. Megatron's are passed by name, so a reordering upstream still launches
+# correctly, and a renaming makes the variant unavailable with the reason.
+_SEED_ARGS = ("routing_map_ptr", "counts_ptr", "valid_tokens_ptr", "topk", "local_start", "NUM_LOCAL", "num_programs")
+_UPSTREAM_ARGS = ("routing_map_ptr", "tokens_per_expert_ptr", "valid_tokens_ptr", "topk", "local_expert_start",
+                  "num_local_experts", "num_sms")
+
+
+def _seed_launch(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int, kernel, *, persistent: bool):
+    """A seed-signature kernel launched by argument name: moebench's where `kernel` is None, else Megatron's."""
+    names = _SEED_ARGS if persistent else _SEED_ARGS[:-1]
     if kernel is None:
-        kernel = _count_nonpersistent_kernel
-        args = (inp.routing_map, inp.counts, inp.valid, params["topk"], params["local_expert_start"],
-                params["local_experts"])
-        names = ("routing_map_ptr", "counts_ptr", "valid_tokens_ptr", "topk", "local_start", "NUM_LOCAL")
+        kernel = _count_persistent_kernel if persistent else _count_nonpersistent_kernel
     else:
-        args, names = _upstream_args(kernel, inp, params, persistent=False)
-    kw = dict(zip(names, args))
+        names = _UPSTREAM_ARGS[:len(names)]
+        upstream.require_args(kernel, names + ("BLOCK_SIZE",), "count")
+    # the grid is the persistent kernels' program count; zip leaves it out for the others
+    values = (inp.routing_map, inp.counts, inp.valid, params["topk"], params["local_expert_start"],
+              params["local_experts"], grid)
+    kw = dict(zip(names, values))
 
     def launch():
         kernel[(grid,)](**kw, BLOCK_SIZE=block_size, num_warps=num_warps)
 
-    return launch, grid
-
-
-# Megatron's argument names, in its kernels' order; the map is by name so a reordering upstream
-# still launches correctly, and a renaming makes the variant unavailable with the reason.
-_UPSTREAM_ARGS = ("routing_map_ptr", "tokens_per_expert_ptr", "valid_tokens_ptr", "topk", "local_expert_start",
-                  "num_local_experts")
-
-
-def _upstream_args(kernel, inp: Inputs, params: dict, *, persistent: bool, grid: int = 0):
-    names = _UPSTREAM_ARGS + (("num_sms",) if persistent else ())
-    have = tuple(getattr(kernel, "arg_names", ()))
-    missing = [n for n in names + ("BLOCK_SIZE",) if n not in have]
-    if missing:
-        raise Unavailable(f"the upstream count kernel's arguments are {', '.join(have) or 'unknown'}; moebench "
-                          f"launches it by name and misses {', '.join(missing)}")
-    args = (inp.routing_map, inp.counts, inp.valid, params["topk"], params["local_expert_start"],
-            params["local_experts"]) + ((grid,) if persistent else ())
-    return args, names
-
-
-def count_strided(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
-    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"])
-
-    def launch():
-        _count_strided_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size, num_warps=num_warps)
-
     return launch
 
 
-def count_prefetch(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int):
-    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"],
-            params["buffer_tokens"] * params["topk"])
+def _strided_launch(kernel, inp: Inputs, params: dict, *cap_pairs: int, **consts):
+    """A strided-signature kernel (map, valid, counts, S, L[, T * K]; K a constexpr) at the case's
+    grid, block size and warps."""
+    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"], *cap_pairs)
+    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
 
     def launch():
-        _count_prefetch_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size, num_warps=num_warps)
-
-    return launch
-
-
-def count_privatized(inp: Inputs, params: dict, grid: int, block_size: int, num_warps: int, prefetch: bool = False):
-    args = (inp.routing_map, inp.valid, inp.counts, params["local_expert_start"], params["local_experts"],
-            params["buffer_tokens"] * params["topk"])
-    local_pow2 = next_pow2(params["local_experts"])
-
-    def launch():
-        _count_privatized_kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block_size, LOCAL_POW2=local_pow2,
-                                          PREFETCH=prefetch, num_warps=num_warps)
+        kernel[(grid,)](*args, TOPK=params["topk"], BLOCK_SIZE=block, **consts, num_warps=nw)
 
     return launch
 
@@ -389,65 +342,57 @@ def touched_bytes(params: dict) -> int:
 # device once): `grid` is already the SM count where the spec said 0.
 
 
-def _built(inp: Inputs, launch, geometry: dict) -> Built:
+def _built(inp: Inputs, params: dict, launch, chunking: str, grid: int | None = None, **more) -> Built:
+    """A count Built: reset zeroes the counters; the geometry's grid is the case's unless the
+    launch derives its own."""
     def reset():
         inp.counts.zero_()
 
+    geometry = {"grid": params["grid"] if grid is None else grid, "block_size": params["block_size"],
+                "num_warps": params["num_warps"], **more, "chunking": chunking}
     return Built(launch, inp.counts, reset, geometry)
 
 
 @FAMILY.builds("persistent", "shipped")
 def build_persistent(inp: Inputs, params: dict, device) -> Built:
-    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
-    launch = count_persistent(inp, params, grid, block, nw)
-    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "contiguous"}
-    return _built(inp, launch, geometry)
+    launch = count_persistent(inp, params, params["grid"], params["block_size"], params["num_warps"])
+    return _built(inp, params, launch, "contiguous")
 
 
 @FAMILY.builds("nonpersistent")
 def build_nonpersistent(inp: Inputs, params: dict, device) -> Built:
-    nw, block = params["num_warps"], params["block_size"]
-    launch, grid = count_nonpersistent(inp, params, block, nw)
-    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "one chunk"}
-    return _built(inp, launch, geometry)
+    launch, grid = count_nonpersistent(inp, params, params["block_size"], params["num_warps"])
+    return _built(inp, params, launch, "one chunk", grid)
 
 
 @FAMILY.builds("strided")
 def build_strided(inp: Inputs, params: dict, device) -> Built:
-    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
-    launch = count_strided(inp, params, grid, block, nw)
-    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "strided"}
-    return _built(inp, launch, geometry)
+    return _built(inp, params, _strided_launch(_count_strided_kernel, inp, params), "strided")
 
 
 @FAMILY.builds("prefetch")
 def build_prefetch(inp: Inputs, params: dict, device) -> Built:
-    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
-    launch = count_prefetch(inp, params, grid, block, nw)
-    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "strided"}
-    return _built(inp, launch, geometry)
+    launch = _strided_launch(_count_prefetch_kernel, inp, params, params["buffer_tokens"] * params["topk"])
+    return _built(inp, params, launch, "strided")
 
 
 @FAMILY.builds("privatized")
 def build_privatized(inp: Inputs, params: dict, device) -> Built:
-    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
     pre = bool(params.get("prefetch") or 0)
-    launch = count_privatized(inp, params, grid, block, nw, pre)
-    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "prefetch": int(pre), "chunking": "strided"}
-    return _built(inp, launch, geometry)
+    launch = _strided_launch(_count_privatized_kernel, inp, params, params["buffer_tokens"] * params["topk"],
+                             LOCAL_POW2=next_pow2(params["local_experts"]), PREFETCH=pre)
+    return _built(inp, params, launch, "strided", prefetch=int(pre))
 
 
 @FAMILY.builds("upstream")
 def build_upstream(inp: Inputs, params: dict, device) -> Built:
-    grid, block, nw = params["grid"], params["block_size"], params["num_warps"]
-    launch = count_persistent(inp, params, grid, block, nw, kernel=upstream.load("count_persistent"))
-    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "contiguous"}
-    return _built(inp, launch, geometry)
+    launch = count_persistent(inp, params, params["grid"], params["block_size"], params["num_warps"],
+                              kernel=upstream.load("count_persistent"))
+    return _built(inp, params, launch, "contiguous")
 
 
 @FAMILY.builds("upstream-nonpersistent")
 def build_upstream_nonpersistent(inp: Inputs, params: dict, device) -> Built:
-    nw, block = params["num_warps"], params["block_size"]
-    launch, grid = count_nonpersistent(inp, params, block, nw, kernel=upstream.load("count"))
-    geometry = {"grid": grid, "block_size": block, "num_warps": nw, "chunking": "one chunk"}
-    return _built(inp, launch, geometry)
+    launch, grid = count_nonpersistent(inp, params, params["block_size"], params["num_warps"],
+                                       kernel=upstream.load("count"))
+    return _built(inp, params, launch, "one chunk", grid)

@@ -75,10 +75,7 @@ def expert_weight_bytes(params: dict) -> int:
 def cost(params: dict) -> int:
     """Elements a case builds and touches, for the sharding cost model: the expert weights of
     every layer dominate."""
-    try:
-        return params.get("layers", 1) * expert_weight_bytes(params) // 2 + params["buffer_tokens"] * params["hidden"]
-    except (KeyError, TypeError):
-        return 0
+    return params.get("layers", 1) * expert_weight_bytes(params) // 2 + params["buffer_tokens"] * params["hidden"]
 
 
 def layers_per_launch(params: dict) -> int:

@@ -21,13 +21,6 @@ the device:
     FC2       torch grouped_mm                                                  -> (M, H) bf16
     combine   _combine_kernel: out[t] = sum_k probs[t, k] * y[row(t, k)] in fp32 -> (T, H) fp32
 
-megatron-core's mcore_fused_moe has the same stages; its permute claims rows with atomics and
-its unpermute sums with fp32 atomics. Here the permutation is a pure function of the routing (a
-pair's row is its rank among its expert's pairs, found with a prefix sum) and the combine sums a
-token's K contributions in order, so the whole step is bit-exact from run to run, and between any
-two count or activation variants that are bit-exact themselves: the check between variants is
-torch.equal. The mcore reference arm is checked against the torch reference only.
-
 Layers: each of the Ly layers has its own router and expert weights and reads the same hidden
 states x, so each routes differently and streams its own expert weights; its output goes to its
 own slice of `out`. (A real step puts attention between MoE layers; this does not model it.)
@@ -37,16 +30,7 @@ output, activation, FC2 output), each live output element out[t, h] must lie wit
 
     2^-7 * sum_k probs[t, k] * |y_k[h]|   +   2^-4 * sum_k probs[t, k] * rms(y_k)
 
-where y_k is the FC2 output row of the token's k-th local pair. The first term is one bf16 ulp of
-each contribution (bf16 keeps 8 significant bits, so an ulp is at most 2^-7 of the value): the
-pipeline's FC2 output and the reference's may round to neighbours. The second is what 1-ulp
-differences in the FC1 and activation outputs carry into FC2's sum over N: under the interpreter
-(which truncates to bf16 instead of rounding) its spread is ~2^-8.4 of the token's scale and the
-worst of ~8k elements ~2^-5.3; 2^-4 leaves room for the tail of 25M elements (48 layers at
-decode). What it still catches: a contribution dropped, doubled or computed by the wrong expert
-moves most elements of the row by probs[t, k] * |y_k[h]|, far beyond the bound (the tests do
-exactly that). Routing itself is not under test: it must equal the reference's routing (the same
-torch function on the same tensor) bit for bit.
+where y_k is the FC2 output row of the token's k-th local pair.
 """
 
 from __future__ import annotations
@@ -64,6 +48,8 @@ from moebench.core.family import Built, Check, cdiv, get_family, next_pow2
 from moebench.errors import Unavailable
 from moebench.families.act import PADDED_OPS
 from moebench.families.act.kernels import activation_ref, ordered_bits
+from moebench.families.count import kernels as counting
+from moebench.families.count.kernels import _GUARD, _POISON as _COUNT_POISON
 from moebench.families.layer import FAMILY, _ROUTING, capacity_rows, expert_weight_bytes, widths
 from moebench.sources import upstream
 
@@ -79,9 +65,6 @@ _COMBINE_TOKENS_PER_CTA = 2
 _MAX_COMBINE_CTAS = 1024
 # Columns per inner step of the row kernels: 1024 bf16 = 2 KB, 8 per thread at 4 warps.
 _MAX_BLOCK_H = 1024
-# Poisoned counters on each side of the count's output: a stray atomic lands in them.
-_GUARD = 16
-_COUNT_POISON = -0x5EED
 # fp32 poison of the layer output, as bits: 0x7EED7EED is ~1.58e38, finite, so two untouched
 # rows compare equal (NaN would not) and no correct output comes near it.
 _OUT_POISON_BITS = 0x7EED7EED
@@ -248,29 +231,10 @@ def _grouped_mm_loop(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> to
     return out
 
 
-_CPU_GROUPED_MM: list = []
-
-
-def _cpu_grouped_mm() -> Callable | None:
-    """torch's grouped_mm where it has a CPU kernel (torch >= 2.9; 2.8 declares it but raises),
-    found once by a probe on an aligned problem; else None."""
-    if not _CPU_GROUPED_MM:
-        fn = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-        try:
-            a, b = torch.ones(16, 8, dtype=torch.bfloat16), torch.ones(2, 8, 8, dtype=torch.bfloat16)
-            ok = fn is not None and torch.equal(fn(a, b, offs=torch.tensor([8, 16], dtype=torch.int32)), a @ b[0])
-        except (RuntimeError, NotImplementedError):
-            ok = False
-        _CPU_GROUPED_MM.append(fn if ok else None)
-    return _CPU_GROUPED_MM[0]
-
-
-def grouped_mm_impl(device_type: str, *, loop: bool = False) -> tuple[Callable, str]:
+def grouped_mm_impl(device_type: str) -> tuple[Callable, str]:
     """The grouped GEMM a step runs, and its name for the record. On CUDA:
-    torch.nn.functional.grouped_mm (torch >= 2.10; the H200 has 2.11), else the private
-    torch._grouped_mm (2.8, 2.9); without either the layer is unavailable. On the CPU: torch's
-    grouped_mm where it has a CPU kernel (bit-exact with one bf16 matmul per group), else, or with
-    `loop`, that per-group loop."""
+    torch.nn.functional.grouped_mm (torch >= 2.10), else the private torch._grouped_mm (2.8,
+    2.9); without either the layer is unavailable. On the CPU: one bf16 matmul per group."""
     public = getattr(torch.nn.functional, "grouped_mm", None)
     if device_type == "cuda":
         # offs is keyword-only in torch.nn.functional.grouped_mm
@@ -281,10 +245,7 @@ def grouped_mm_impl(device_type: str, *, loop: bool = False) -> tuple[Callable, 
             return (lambda a, b, offs: private(a, b, offs=offs)), "torch._grouped_mm"
         raise Unavailable(f"the layer step needs torch.nn.functional.grouped_mm (torch >= 2.10) or torch._grouped_mm "
                           f"(torch >= 2.8); this is torch {torch.__version__}")
-    fn = None if loop else _cpu_grouped_mm()
-    if fn is None:
-        return (lambda a, b, offs: _grouped_mm_loop(a, b, offs)), "per-group matmul loop (CPU)"
-    return (lambda a, b, offs: fn(a, b, offs=offs)), "grouped_mm (CPU)"
+    return _grouped_mm_loop, "per-group matmul loop (CPU)"
 
 
 # ----------------------------------------------------------------------------------- launchers: the step's own kernels
@@ -334,16 +295,6 @@ def combine(inp: Inputs, y: torch.Tensor, layer: int, g: _Geometry) -> None:
 
 
 # ----------------------------------------------------------------------------------- the variants under test
-# The count and act kernels are other families' variants: FAMILY.resolve resolved them once per
-# case, with the run's environment (resolve_delegates: `count_resolved`, `act_resolved`), and
-# their families build them (FamilySpec.build) around this step's tensors. What this relies on
-# (keep it stable): FamilySpec.build / .load; Built.launch / .geometry, and a count Built's reset
-# (zero the counters; it runs inside the step, so it must be graph-capturable); the keyword fields
-# of count's Inputs(routing_map, valid, counts_buf, counts, tokens) and act's Inputs(op, x, live,
-# perm, out_buf, out, work_rows, rows, live_rows, n_cols, in_cols); the shape parameters count
-# takes (_ROUTING, seed) and act takes (op, rows, live_rows, ffn, in_cols, seed), all others
-# having defaults; and act builders that only make a closure (the act launch is rebuilt around
-# each FC1 output, see _Step.activation).
 
 
 def _delegate(params: dict, name: str, shape: dict) -> tuple:
@@ -477,9 +428,7 @@ def reference(inp: Inputs, params: dict) -> Expected:
         exp.out = torch.stack([o for o, _ in outs])
         exp.bound = torch.stack([b for _, b in outs])
     elif params["scope"] == "count":
-        local = maps[0, :V].reshape(-1).long().cpu() - params["local_expert_start"]
-        L = params["local_experts"]
-        exp.counts = torch.bincount(local[(local >= 0) & (local < L)], minlength=L).to(torch.int32)
+        exp.counts = counting.reference(counting.Inputs(maps[0], inp.valid, inp.counts_buf, inp.counts, V), params)
     else:
         # the activation alone runs on the FC1 output the step produced (inp.fc1_out, written when
         # the case was built), over the rows in use then; padded ops skip rows whose map entry is -1
@@ -501,14 +450,7 @@ def reference(inp: Inputs, params: dict) -> Expected:
 def check(inp: Inputs, out: torch.Tensor, expected: Expected, params: dict) -> Check:
     V = params["tokens"]
     if expected.scope == "count":
-        guards = torch.cat([inp.counts_buf[:_GUARD], inp.counts_buf[-_GUARD:]]).cpu()
-        if not bool((guards == _COUNT_POISON).all()):
-            return Check(False, "wrote outside the local-expert counters")
-        got = out.cpu()
-        if torch.equal(got, expected.counts):
-            return Check(True, "exact")
-        return Check(False, f"{int((got != expected.counts).sum())}/{got.numel()} counts differ from torch.bincount "
-                            "of the layer's routing")
+        return counting.check(inp, out, expected.counts, params)
     if expected.scope == "act":
         got, rows = out.cpu(), expected.act_rows
         bits = got.view(torch.int16)
@@ -553,8 +495,7 @@ def check(inp: Inputs, out: torch.Tensor, expected: Expected, params: dict) -> C
 def nonvacuity(inp: Inputs, out: torch.Tensor, params: dict) -> dict:
     V, scope = params["tokens"], params["scope"]
     if scope == "count":
-        c = out.cpu()
-        return {"counts_sum": int(c.sum()), "experts_populated": int((c > 0).sum())}
+        return counting.nonvacuity(inp, out, params)
     if scope == "act":
         written = (out.cpu().view(torch.int16) != _ACT_POISON_BITS).any(dim=1)
         return {"rows_written": int(written.sum()), "rows_in_use": int(inp.n_used.item())}
@@ -660,13 +601,6 @@ def input_bytes(params: dict) -> int:
     W, N = widths(params)
     return (T * H * 2 + Ly * (E * H * 2 + expert_weight_bytes(params) + T * K * 8 + T * H * 4)
             + T * K * 16 + (L + 2 * _GUARD) * 4 + L * 8 + M * 4 + M * (H + W + N) * 2 + M * (W + H) * 2)
-
-
-def touched_bytes(params: dict) -> int:
-    """All of the inputs: the kernel alone (scope count / act) runs on the layer's own tensors,
-    in the layer's own placement, so a case rotates no input sets (the expert weights are far
-    larger than L2 anyway)."""
-    return input_bytes(params)
 
 
 # ----------------------------------------------------------------------------------- variants
