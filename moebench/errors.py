@@ -16,11 +16,13 @@ class ExitCode(IntEnum):
     INTERRUPTED = 128  # + signal number
 
 
-def one_line(text: str) -> str:
-    """Escape line breaks and other control characters so a message stays one printable line."""
+def one_line(text: str, keep: str = "") -> str:
+    """Escape line breaks and every other character that does not print (a terminal's escape
+    sequences, the bidirectional overrides), all but those in `keep`, so a message stays one
+    printable line."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
 class MoebenchError(Exception):

@@ -14,7 +14,7 @@ from moebench.core.records import Record
 
 def launch_layers(family, params: dict) -> int:
     """MoE layers one launch of a case covers: 1 unless the family says otherwise."""
-    hook = getattr(family, "layers_per_launch", None)
+    hook = family.layers_per_launch
     return max(1, int(hook(params))) if hook is not None else 1
 
 
@@ -25,7 +25,7 @@ def baseline_ids(spec, cases: Iterable[tuple[str, str, dict]]) -> dict[str, str 
     shape = spec.family.shape_params
     at: dict[tuple, str] = {}
     for cid, variant, params in cases:
-        if spec.baseline and is_baseline(spec, variant, params):
+        if is_baseline(spec, variant, params):
             at[tuple(params.get(k) for k in shape)] = cid
     return {cid: at.get(tuple(params.get(k) for k in shape)) for cid, _, params in cases}
 
@@ -38,22 +38,18 @@ def add_baseline_deltas(spec, records: list[Record]) -> None:
 
 
 def add_deltas(records: list[Record], baseline_of: Mapping[str, str | None], layers: int | None, family) -> None:
-    """Every timed record against the record `baseline_of` names for it (case id -> the baseline's
-    case id), like the seed PRs do: speedup, Δµs, and the per-step projection Δµs x MoE layers."""
+    """Every timed record against the median of the record `baseline_of` names for it (case id ->
+    the baseline's case id): speedup, Δµs, and the per-step projection Δµs x MoE layers / layers
+    per launch (nothing without both medians)."""
     by_id = {r.case_id: r for r in records}
     for r in records:
         b = by_id.get(baseline_of.get(r.case_id) or "")
-        set_delta(r, b.timing.get("median_us") if b is not None and b.status == "ok" else None, layers, family)
-
-
-def set_delta(r: Record, base: float | None, layers: int | None, family) -> None:
-    """One timed record against its baseline's median: speedup, Δµs and the per-step projection
-    Δµs x MoE layers / layers per launch (nothing without both medians)."""
-    m = r.timing.get("median_us")
-    if m is None or base is None:
-        return
-    r.work["baseline_us"] = base
-    r.work["speedup"] = round(base / m, 3) if m > 0 else None
-    r.work["delta_us"] = round(m - base, 4)
-    if layers:
-        r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(family, r.params), 2)
+        base = b.timing.get("median_us") if b is not None and b.status == "ok" else None
+        m = r.timing.get("median_us")
+        if m is None or base is None:
+            continue
+        r.work["baseline_us"] = base
+        r.work["speedup"] = round(base / m, 3) if m > 0 else None
+        r.work["delta_us"] = round(m - base, 4)
+        if layers:
+            r.work["per_step_delta_us"] = round((m - base) * layers / launch_layers(family, r.params), 2)

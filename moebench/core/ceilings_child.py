@@ -1,10 +1,7 @@
 """The device ceilings, measured in a process of their own: `python -m moebench.core.ceilings_child
 PATH` detects this process's CUDA device, measures (moebench.core.device.measure_ceilings) and writes
-PATH as `moebench device` does ({"device": ..., "ceilings": ...}).
-
-Why a process of its own: measuring allocates two 2 GiB copy buffers and frees them, which moved
-the timings of the process that did it (results/h200/TIMER.md, "The per-process level, found"); the
-timed process must start from the same memory every time.
+PATH as `moebench device` does ({"device": ..., "ceilings": ...}), for
+device.load_or_measure_ceilings(child=True).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,6 @@ class DeviceInfo:
     python: str
     sm_clock_max_mhz: int | None = None
     mem_clock_max_mhz: int | None = None
-    extra: dict = field(default_factory=dict)
     # this GPU's UUID (GPU-...): two GPUs of one model can time a kernel differently (compare says so)
     uuid: str | None = None
 
@@ -127,7 +126,7 @@ def detect(interpret: bool) -> DeviceInfo:
             triton=triton_version(), python=platform.python_version())
     if not torch.cuda.is_available():
         raise BackendError("no CUDA device is visible; run with --interpret for a CPU correctness run")
-    tritonpatch.install_key_cache()  # Triton's cache key, kept between processes: the first kernel loads ~0.5 s sooner
+    tritonpatch.install_key_cache()  # Triton's cache key, kept between processes
     idx = torch.cuda.current_device()
     p = torch.cuda.get_device_properties(idx)
     clocks = nvml_clocks(idx)
@@ -266,7 +265,7 @@ def load_or_measure_ceilings(info: DeviceInfo, results_root: Path, *, remeasure:
                  "measured in this process instead, which can move some count cases by ~9% (results/h200/TIMER.md)")
     c = measure_ceilings(info)
     # where they were measured travels with them into every record's provenance: a run whose own
-    # process measured them is the one to distrust (results/h200/TIMER.md, "The per-process level")
+    # process measured them is the one to distrust
     c["measured_in"] = "the timed process (its child failed)" if child else "a process of its own (moebench device)"
     write_ceilings(path, info, c)
     return c

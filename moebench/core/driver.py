@@ -1,19 +1,14 @@
 """The run driver: the one thing that runs cases. `sweep`, `verify`, `--resume`, `ab` and every
 per-GPU worker of `--devices` go through `Driver`; nothing else builds a case pipeline.
 
-    Driver(spec, device, options, environ=..., workers=...)
-      .run(cases, done=...)   a whole run as events: Started / Retimed / Finished per case, Profiling
-                              when a pass's after-all hook starts, a last Summary
-      .run_case(case)         one case (ab's arms, a worker's next case)
-
 What the driver owns:
 - the environment (`environ`: the kill switches such as MCORE_COUNT_TOKENS_BLOCK, and
   MOEBENCH_PREFETCH), injected once and handed down to the case pipeline, the families' resolve
   and the workers; nothing reads or writes `os.environ` during a run;
 - the passes (moebench.core.passes), chosen from `options.cross` and refused before the first case
   where they cannot run; the Summary lists the passes that ran, and only those;
-- where the cases run: here, through a CasePipeline, with inputs built ahead on background threads
-  (moebench.core.prefetch); or on workers, a callable `workers(cases, passes, environ)` yielding
+- where the cases run: here, through a CasePipeline (inputs built ahead: moebench.core.prefetch);
+  or on workers, a callable `workers(cases, passes, environ)` yielding
   records (moebench.parallel.workers builds them: core never imports parallel);
 - the record order, baseline deltas and compile accounting of the Summary;
 - a case that leaves this process's CUDA context unusable (`poisons_context`): with a `fallback`
@@ -35,7 +30,7 @@ from moebench.core.cases import Case, shape_key
 from moebench.core.device import DeviceInfo
 from moebench.core.passes import AfterAll, Pass, select
 from moebench.core.pipeline import CasePipeline, Options, check_environment
-from moebench.core.placements import Retimed, Timer
+from moebench.core.placements import Retimed
 from moebench.core.prefetch import _Ahead, prebuild_fits, prefetch_workers, shape_major
 from moebench.core.records import Record
 from moebench.core.spec import Spec
@@ -57,15 +52,11 @@ def poisons_context(rec: Record) -> bool:
 @dataclass
 class Started:
     case: Case
-    index: int
-    total: int
 
 
 @dataclass
 class Finished:
     record: Record
-    index: int
-    total: int
 
 
 @dataclass
@@ -100,11 +91,11 @@ Event = Started | Retimed | Finished | Profiling | Summary
 class Driver:
     """Runs the cases of one spec on one device. `passes`: pass instances to use as they are (a
     worker gets its parent's); None: chosen from options.cross, and checked against where the cases
-    run. `timer` and `clock` go to the case pipeline (injected in tests)."""
+    run."""
 
     def __init__(self, spec: Spec, device: DeviceInfo, options: Options, *, environ: Mapping[str, str] | None = None,
-                 workers: Workers | None = None, passes: Sequence[Pass] | None = None, timer: Timer | None = None,
-                 clock: Callable[[], float] = time.perf_counter, fallback: Workers | None = None):
+                 workers: Workers | None = None, passes: Sequence[Pass] | None = None,
+                 fallback: Workers | None = None):
         self.spec = spec
         self.device = device
         self.opts = options
@@ -114,12 +105,11 @@ class Driver:
         # (fresh child processes: moebench.parallel.workers.isolated); None: it stays here
         self.fallback = fallback
         self.fell_back: str | None = None  # the error that sent the rest of the run to the fallback
-        self.clock = clock
         if passes is None:
             passes = select(options.cross, backend=device.backend, timed=options.time_it, workers=workers is not None)
         self.passes = list(passes)
         here = [] if workers is not None else self.passes
-        self.pipeline = CasePipeline(spec, device, options, self.environ, timer=timer, passes=here, clock=clock)
+        self.pipeline = CasePipeline(spec, device, options, self.environ, passes=here)
 
     def check(self, cases: Sequence[Case]) -> None:
         """A malformed kill-switch variable stops the run here, before its first case (UsageError)."""
@@ -149,16 +139,16 @@ class Driver:
         if not self.opts.time_it:
             todo = shape_major(todo, spec.family.shape_params)
         records = [done[c.id] for c in cases if c.id in done]
-        t0 = self.clock()
+        t0 = time.perf_counter()
         self.check(todo)
         interrupted = None
         ran: list[str] = []
         try:
             if self.workers is not None:
                 per_case = [p for p in self.passes if not p.has_after_all()]
-                for i, rec in enumerate(self.workers(todo, per_case, self.environ)):
+                for rec in self.workers(todo, per_case, self.environ):
                     records.append(rec)
-                    yield Finished(rec, i, len(todo))
+                    yield Finished(rec)
             else:
                 for ev in self._run_here(todo):
                     if isinstance(ev, Finished):
@@ -191,17 +181,14 @@ class Driver:
         else:
             compile_s, n_jit = pipe.compile_s_total, pipe.jit_specializations
         phases = {k: round(v, 3) for k, v in sorted(pipe.phases.items(), key=lambda kv: -kv[1])}
-        yield Summary(records, round(compile_s, 3), n_jit, round(self.clock() - t0, 2), interrupted, phases,
+        yield Summary(records, round(compile_s, 3), n_jit, round(time.perf_counter() - t0, 2), interrupted, phases,
                       [p.name for p in self.passes if p.name in ran])
 
     def _run_here(self, cases: list[Case]) -> Iterator[Started | Retimed | Finished]:
         """Run cases in order in this process, yielding events; a KeyboardInterrupt propagates
-        between cases (every Finished record before it has been yielded).
-
-        An untimed run (verify, the interpreter) builds the inputs and references of the next
-        shapes on background threads while the current case runs, and forgets a shape's inputs,
-        reference and baseline output after its last case. A timed run on a GPU builds every
-        shape's inputs in parallel before its first case, where they fit in memory together."""
+        between cases (every Finished record before it has been yielded). Inputs are built ahead as
+        moebench.core.prefetch says; an untimed run forgets a shape's inputs, reference and
+        baseline output after its last case."""
         pipe, fam = self.pipeline, self.spec.family
         n = len(cases)
         untimed = not self.opts.time_it
@@ -219,7 +206,7 @@ class Driver:
             for i, case in enumerate(cases):
                 if ahead is not None:
                     ahead.feed(i)
-                yield Started(case, i, n)
+                yield Started(case)
                 rec = pipe.run_case(case)
                 yield from pipe.events
                 pipe.events.clear()
@@ -227,12 +214,12 @@ class Driver:
                     key = shape_key(case, fam.shape_params)
                     if last.get(key) == i:
                         pipe.forget(key)
-                yield Finished(rec, i, n)
+                yield Finished(rec)
                 if self.fallback is not None and poisons_context(rec) and i + 1 < n:
                     self.fell_back = rec.error.splitlines()[0]
                     per_case = [p for p in self.passes if not p.has_after_all() and p.in_workers]
-                    for j, later in enumerate(self.fallback(cases[i + 1:], per_case, self.environ)):
-                        yield Finished(later, i + 1 + j, n)
+                    for later in self.fallback(cases[i + 1:], per_case, self.environ):
+                        yield Finished(later)
                     return
         finally:
             if ahead is not None:

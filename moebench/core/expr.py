@@ -2,16 +2,16 @@
 
 Grammar: numbers, strings, parameter names, + - * / // %, comparisons, and/or/not,
 min(a, b, ...), max(a, b, ...). Anything else is rejected when the spec is loaded, not when
-it runs. When the names come with their parameter types (a family's `params`), the kinds are
-checked too: arithmetic and ordering need numbers (or two strings, for ordering), so
-``routing > 3`` is refused at load time instead of failing on the first case.
+it runs. The kinds are checked against the parameter types too: arithmetic and ordering need
+numbers (or two strings, for ordering), so ``routing > 3`` is refused at load time instead of
+failing on the first case.
 """
 
 from __future__ import annotations
 
 import ast
 import operator
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
@@ -41,12 +41,9 @@ def _kind_of_type(t: Any) -> str:
     return ANY
 
 
-def compile_expr(text: str, names: Iterable[str] | Mapping[str, Any]) -> ast.Expression:
-    """Parse and check an expression; raise ExprError saying what is wrong.
-
-    `names` is either the known names, or a mapping of name -> parameter (anything with a
-    `.type`), in which case the operand kinds are checked as well.
-    """
+def compile_expr(text: str, names: Mapping[str, Any]) -> ast.Expression:
+    """Parse and check an expression against `names` (name -> parameter: anything with a `.type`);
+    raise ExprError saying what is wrong."""
     if not isinstance(text, str) or not text.strip():
         raise ExprError("expected a non-empty expression string")
     if len(text) > MAX_CHARS:
@@ -79,12 +76,11 @@ def compile_expr(text: str, names: Iterable[str] | Mapping[str, Any]) -> ast.Exp
         if isinstance(node, ast.Name) and node.id in _FUNCS and node.id not in known:
             if not any(isinstance(c, ast.Call) and c.func is node for c in ast.walk(tree)):
                 raise ExprError(f"{node.id!r} is a function; call it as {node.id}(a, b), in {text!r}")
-    if isinstance(names, Mapping):
-        kinds = {n: _kind_of_type(getattr(p, "type", None)) for n, p in names.items()}
-        try:
-            _infer(tree.body, kinds, text)
-        except RecursionError:
-            raise ExprError(f"expression nested too deeply: {text!r}") from None
+    kinds = {n: _kind_of_type(getattr(p, "type", None)) for n, p in names.items()}
+    try:
+        _infer(tree.body, kinds, text)
+    except RecursionError:
+        raise ExprError(f"expression nested too deeply: {text!r}") from None
     return tree
 
 
@@ -121,12 +117,11 @@ def _infer(node: ast.AST, kinds: dict[str, str], text: str) -> str:
                                 f"({rk}) with {_SYMBOL[type(op)]!r}, in {text!r}")
             left, lk = right, rk
         return NUM
-    if isinstance(node, ast.Call):
-        ks = {_infer(a, kinds, text) for a in node.args}
-        if STR in ks and NUM in ks:
-            raise ExprError(f"{node.func.id}(...) mixes strings and numbers, in {text!r}")
-        return ks.pop() if len(ks) == 1 else ANY
-    return ANY
+    # ast.Call, the last kind of expression compile_expr lets through
+    ks = {_infer(a, kinds, text) for a in node.args}
+    if STR in ks and NUM in ks:
+        raise ExprError(f"{node.func.id}(...) mixes strings and numbers, in {text!r}")
+    return ks.pop() if len(ks) == 1 else ANY
 
 
 def evaluator(tree: ast.Expression) -> Callable[[dict[str, Any]], Any]:
@@ -189,7 +184,6 @@ def _closure(node: ast.AST) -> Callable[[dict[str, Any]], Any]:
             return True
 
         return compare
-    if isinstance(node, ast.Call):
-        fn, args = _FUNCS[node.func.id], [_closure(a) for a in node.args]
-        return lambda env: fn(*(a(env) for a in args))
-    raise ExprError(f"unsupported syntax {type(node).__name__}")
+    # ast.Call, the last kind of expression compile_expr lets through
+    fn, args = _FUNCS[node.func.id], [_closure(a) for a in node.args]
+    return lambda env: fn(*(a(env) for a in args))

@@ -1,25 +1,11 @@
-"""Kernel families: what a family declares, the registry, and the contract with the case pipeline.
-
-A family is one folder, ``moebench/families/<name>/``:
-
-- ``__init__.py`` (torch-free): ``FAMILY = FamilySpec(...)``: its parameters, its variants
-  (``variants=(VariantSpec(name, doc, params, env, ...), ...)``: what each is, what it reads),
-  cross-parameter rules, default pivot, plot preset and sharding cost estimate. A built-in
-  family's sections of the results pages live above it, in moebench.report.sections; a plugin
-  family may pass its own (``sections=``, ``ab_sections=``).
-- ``kernels.py``: Triton kernels -> launchers -> torch reference -> input builder -> builders,
-  each bound to the variants it builds by ``@FAMILY.builds(name, ...)``.
+"""Kernel families: what a family declares, the registry, and the contract with the case pipeline
+(a family's folder, and what a plugin registers: docs/plugins.md).
 
 This module is core: it knows no family. It finds the built-in ones by package name
 (``moebench.families``, every sub-package) when the catalogue is first asked for. The catalogue
 knows every variant without importing torch; importing ``kernels.py`` (when a sweep runs) attaches
 the builders. A family whose package fails breaks only itself: the catalogue leaves it out,
 ``broken()`` names it with its FILE:LINE error (``list`` shows it), and using it is a usage error.
-
-A plugin (``--plugin FILE.py``, a spec's ``plugins:``, the ``moebench.plugins`` entry points)
-declares and builds a variant in one call, ``@get_family("count").variant(name, doc=...,
-params=...)`` on its builder, adding it to a built-in family, and
-``register_family(FamilySpec(...))`` adds a whole family (moebench.sources.plugins).
 
 A *parameter* is a shape parameter (``role="shape"``: it decides the inputs, and variants that
 share them must agree bit for bit) or a launch parameter (``role="launch"``: block size, grid
@@ -125,7 +111,7 @@ class VariantSpec:
     doc: str
     params: tuple[str, ...] = ()  # launch parameters this variant reads from the spec
     # launch parameter -> (kill-switch variable, shipped default): read from the environment at
-    # resolve time, like the seed PRs' MCORE_* switches
+    # resolve time
     env: dict[str, tuple[str, Any]] = field(default_factory=dict)
     source: str = "builtin"  # builtin | upstream | plugin FILE
     # an upstream variant names moebench's variants that implement the same kernel (its twins)
@@ -165,7 +151,7 @@ class FamilySpec:
                  ab_sections: Callable[[list], str] | None = None,
                  layers_per_launch: Callable[[dict], int] | None = None,
                  graph_launches: Callable[[dict, int], int] | None = None,
-                 reference_after_build: bool = False, origin: str = "builtin",
+                 reference_after_build: bool = False,
                  resolve_more: Callable[[str, dict, Any, Mapping[str, str]], dict] | None = None):
         """`sections(records)` adds the family's own part to a results page; `ab_sections(records)`
         the same for an `ab` run's page (its records carry timing.ab_side and ab_arm).
@@ -193,7 +179,7 @@ class FamilySpec:
         # the reference reads state a variant's builder prepares: never computed ahead of the build
         self.reference_after_build = reference_after_build
         self.resolve_more = resolve_more
-        self.origin = origin
+        self.origin = "builtin"  # or the plugin that registered it (register_family)
         # the module with the kernels, reference, inputs and variants: a built-in family's
         # kernels.py, or a plugin's own module
         self.kernels = f"{package}.kernels" if package else kernels

@@ -1,9 +1,9 @@
 """The device noise model: the between-process term of a case's stated interval, measured.
 
 A run's stated 95% half-width (timing.rel_noise) is its within-run interval with a run-to-run term
-added in quadrature. That term cannot be sampled inside one process (results/h200/TIMER.md,
-"Between processes"), so it is measured over fresh-process runs of a sweep (scripts/repro.py
-calibrate) into a small JSON file per sweep and device, e.g. results/h200/noise/count-block.json:
+added in quadrature. That term cannot be sampled inside one process, so it is measured over
+fresh-process runs of a sweep (scripts/repro.py calibrate) into a small JSON file per sweep and
+device, e.g. results/h200/noise/count-block.json:
 
     {"device": "NVIDIA H200", "sweep": "count-block", "commit": "...", "runs": 6,
      "method": {timing settings of the runs}, "floor": 0.005, "calibrated_on": [{"file", "sha256"}],
@@ -35,6 +35,27 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # a model is a few KB per hundred cases; anything this big is the wrong file
 MAX_MODEL_BYTES = 4 * 2**20
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of the file at `path`, `what` it should be ("a noise model"), or a one-line
+    SpecError: no such file, a directory or not a regular file, over `limit` bytes, unreadable."""
+    try:
+        if not path.exists():
+            raise SpecError(path, "", "no such file")
+        if path.is_dir():
+            raise SpecError(path, "", f"is a directory, expected {what}")
+        if not path.is_file():
+            raise SpecError(path, "", f"not a regular file, expected {what}")
+        size = path.stat().st_size
+        if size > limit:
+            raise SpecError(path, "", f"{size} bytes is too large for {what} (at most {limit}); "
+                            "is this the right file?")
+        return path.read_bytes()
+    except OSError as e:
+        raise SpecError(path, "", f"cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. an embedded NUL byte in the path
+        raise SpecError(path, "", f"cannot read: {e}") from None
 
 
 def default_text(floor: float) -> str:
@@ -120,14 +141,7 @@ def load(path: Path, root: Path | None = None) -> NoiseModel:
     """Read a noise model file. Numbers and names only; anything else is a SpecError (exit 2)."""
 
     root = root or _REPO_ROOT
-    try:
-        if not path.is_file():
-            raise SpecError(path, "", "no such noise model file" if not path.exists() else "not a file")
-        if path.stat().st_size > MAX_MODEL_BYTES:
-            raise SpecError(path, "", f"{path.stat().st_size} bytes is too large for a noise model")
-        data = path.read_bytes()
-    except OSError as e:
-        raise SpecError(path, "", f"cannot read: {e.strerror or e}") from None
+    data = read_bounded(path, MAX_MODEL_BYTES, "a noise model")
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:

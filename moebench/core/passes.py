@@ -144,7 +144,7 @@ def select(names, *, backend: str, timed: bool, workers: bool) -> list[Pass]:
 class DoBench(Pass):
     """triton's do_bench_cudagraph on the same closures, right after our own timing. The profiler
     pass runs later, after every case: once the PyTorch profiler (CUPTI) has been started in a
-    process, do_bench_cudagraph reads high in every later case (results/h200/TIMER.md)."""
+    process, do_bench_cudagraph reads high in every later case."""
 
     name = "dobench"
 

@@ -261,16 +261,18 @@ class CasePipeline:
             with self._phase_lock:
                 self.phases[name] += dt
 
+    def _free_memory(self) -> tuple[int, str]:
+        """Free bytes where this run's inputs go (the GPU, or this host under the interpreter), and
+        where that is."""
+        if self.torch_device == "cuda":
+            return _torch().cuda.mem_get_info()[0], self.device.name
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this host (interpreter run)"
+
     def _check_memory(self, case: Case, n_sets: int) -> None:
         """Refuse a case whose inputs would not fit, before allocating anything."""
         per = self.impl.input_bytes(case.params)
         need = per * n_sets + min(per, PRISTINE_MAX_BYTES)  # and the copy of set 0 as built (_Pristine)
-        if self.torch_device == "cuda":
-            free, _ = _torch().cuda.mem_get_info()
-            where = self.device.name
-        else:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            where = "this host (interpreter run)"
+        free, where = self._free_memory()
         if need > 0.8 * free:
             raise MemoryError(f"would not fit: needs ~{need / 2**30:.2f} GiB of inputs, {free / 2**30:.2f} GiB "
                               f"free on {where}; shrink the shape")

@@ -66,8 +66,7 @@ class Placements:
         private, on a GPU) a memory pool of their own, yielded so the caller keeps it alive as
         long as its tensors."""
         # untimed (verify): placements do not matter, and a pool used from the background threads
-        # that build verify's inputs trips torch's allocator when the pools are freed (an H200,
-        # torch 2.11: "captures_underway.empty() INTERNAL ASSERT FAILED" at exit)
+        # that build verify's inputs trips torch's allocator when the pools are freed
         if self.timing.placement_memory != "private" or self.torch_device != "cuda" or not self.time_it:
             yield None
             return

@@ -1,10 +1,11 @@
 """Building a run's inputs ahead, on background threads, while the main thread runs cases.
 
 An untimed run (`verify`, the interpreter) keeps the next shapes' inputs and references in flight
-while the current case runs; a timed run on a GPU builds every shape's input sets in parallel
-before its first case, where they fit in memory together, so nothing runs in the background while
-anything is timed. The case pipeline (moebench.core.pipeline) builds a shape (`_build_shape`) and
-takes what was built ahead from its `_ahead` futures; the run driver decides when (`_Ahead`).
+while the current case runs (`_Ahead.feed`); a timed run on a GPU builds every shape's input sets
+in parallel before its first case (`_Ahead.build_all`), where they fit in memory together
+(`prebuild_fits`), so nothing runs in the background while anything is timed. The case pipeline
+(moebench.core.pipeline) builds a shape (`_build_shape`) and takes what was built ahead from its
+`_ahead` futures; the run driver decides when (`_Ahead`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from moebench.core.pipeline import CasePipeline
 PREFETCH_MAX_WORKERS = 8
 PREFETCH_DEPTH_PER_WORKER = 2
 # A timed run builds every shape's input sets before its first case, in parallel, when they fit
-# together in this much memory (4 GiB, and a quarter of what is free): count-block's take 16 MiB,
-# act-grid's about 1 GiB. Otherwise each shape is built when its first case comes.
+# together in this much memory (4 GiB, and a quarter of what is free). Otherwise each shape is built
+# when its first case comes.
 PREBUILD_MAX_BYTES = 4 << 30
 PREBUILD_FREE_SHARE = 0.25
 
@@ -128,10 +129,8 @@ class _DaemonPool:
 
 
 class _Ahead:
-    """Builds the inputs and references of shapes on background threads. In an untimed run it keeps
-    the next shapes in flight while the main thread runs the current case (`feed`); in a timed run
-    it builds every shape before the first case (`build_all`), so nothing runs in the background
-    while anything is timed. Family input builders seed their own generators, so the data does not
+    """Builds the inputs and references of shapes on background threads (when: the module's
+    docstring). Family input builders seed their own generators, so the data does not
     depend on which thread built it. A failure surfaces in the case that needs the shape; a build
     still running at that case's limit is given up (its thread left behind, another in its place),
     so the next shapes and the end of the run do not wait for it."""
@@ -181,13 +180,10 @@ def prebuild_fits(pipe: CasePipeline, cases: list[Case]) -> bool:
     free device memory), so a timed run can build them all up front."""
     if pipe.torch_device != "cuda":
         return False
-    import torch
-
     need, seen = 0, set()
     for c in cases:
         key = shape_key(c, pipe.fam.shape_params)
         if key not in seen:
             seen.add(key)
             need += pipe.impl.input_bytes(c.params) * pipe.placements.n_sets(c.params)
-    free, _ = torch.cuda.mem_get_info()
-    return need <= min(PREBUILD_MAX_BYTES, PREBUILD_FREE_SHARE * free)
+    return need <= min(PREBUILD_MAX_BYTES, PREBUILD_FREE_SHARE * pipe._free_memory()[0])

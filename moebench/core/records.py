@@ -49,7 +49,7 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain data, copied: dataclasses.asdict's result, without its deepcopy of
-        every value (2280 verify records: 0.02 s against 0.15 s on a 2-core CPU)."""
+        every value."""
         return {k: _plain(getattr(self, k)) for k in _RECORD_FIELDS}
 
     @classmethod

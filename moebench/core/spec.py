@@ -18,6 +18,7 @@ import yaml
 from moebench.core.expr import ExprError, compile_expr
 from moebench.core.text import kind, safe_stem, show
 from moebench.core.family import FamilySpec, catalogue, family_error
+from moebench.core.noise import read_bounded
 from moebench.core.noise import setting_problem as noise_setting_problem
 from moebench.errors import SpecError, UsageError
 from moebench.sources import plugins
@@ -58,18 +59,15 @@ TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
     "placement_stride": (int, 0, 1 << 20),
     "noise": (str, None, None),
 }
-L2_MODES = ("warm", "cold")
-PLACEMENT_MEMORY = ("caching", "private")
 # the values a string timing key takes
-TIMING_CHOICES = {"l2": L2_MODES, "placement_memory": PLACEMENT_MEMORY}
+TIMING_CHOICES = {"l2": ("warm", "cold"), "placement_memory": ("caching", "private")}
 # the keys a matrix may have at each level (the top level is checked against TOP_KEYS)
 MATRIX_KEYS = ("axes", "zip", "fixed", "where", "variants")
 
 
 @dataclass
 class Timing:
-    """The timer's settings (a spec's `timing:` block, --timing KEY=VALUE). The defaults are the
-    method the H200 results were made with; results/h200/TIMER.md measures why each has its value."""
+    """The timer's settings (a spec's `timing:` block, --timing KEY=VALUE)."""
 
     # launches captured per graph: the graph's own launch cost amortised over them
     launches_per_graph: int = 200
@@ -131,6 +129,7 @@ class Matrix:
     zips: list[dict[str, list]]
     fixed: dict[str, Any]
     where: list[str]
+    key: str = ""  # the key path it is written under, for messages: "", "quick.", "verify." or "verify.quick."
 
 
 @dataclass
@@ -151,7 +150,6 @@ class Spec:
     seed: int
     max_cases: int
     sha256: str
-    plugins: list[dict] = field(default_factory=list)  # {path, sha256} of the spec's plugin files
 
     def matrix(self, *, quick: bool = False, verify: bool = False) -> Matrix:
         if verify:
@@ -204,21 +202,7 @@ def builtin_models() -> list[Path]:
 
 
 def read_yaml(path: Path) -> tuple[Any, bytes]:
-    try:
-        if not path.exists():
-            raise SpecError(path, "", "no such file")
-        if path.is_dir():
-            raise SpecError(path, "", "is a directory, expected a YAML file")
-        if not path.is_file():
-            raise SpecError(path, "", "not a regular file, expected a YAML file")
-        if path.stat().st_size > MAX_SPEC_BYTES:
-            raise SpecError(path, "", f"{path.stat().st_size} bytes is too large for a spec "
-                            f"(at most {MAX_SPEC_BYTES}); is this the right file?")
-        data = path.read_bytes()
-    except OSError as e:
-        raise SpecError(path, "", f"cannot read: {e.strerror or e}") from None
-    except ValueError as e:  # e.g. an embedded NUL byte in the path
-        raise SpecError(path, "", f"cannot read: {e}") from None
+    data = read_bounded(path, MAX_SPEC_BYTES, "a YAML spec")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -352,9 +336,9 @@ class _Loader:
     reports every mistake; a part that stands on a wrong one is not checked (no error follows
     from another)."""
 
-    def __init__(self, path: Path, family: FamilySpec | None = None):
+    def __init__(self, path: Path):
         self.path = path
-        self.family = family
+        self.family: FamilySpec | None = None
         self.errors: list[SpecError] = []
 
     def fail(self, key: str, msg: str):
@@ -584,7 +568,7 @@ class _Loader:
                     self.fail(f"{pre if 'variants' in d else ''}variants[{i}].axes.{n}",
                               f"{n!r} advances in a zip group ({', '.join(zips[zipped[n]])}); "
                               "a variant may fix it under params, not sweep it")
-        return Matrix(variants=variants, axes=axes, zips=zips, fixed=fixed, where=where or [])
+        return Matrix(variants=variants, axes=axes, zips=zips, fixed=fixed, where=where or [], key=pre)
 
 
 def _plugins(doc: dict, path: Path, L: "_Loader") -> list[dict]:
@@ -654,7 +638,7 @@ def load_spec(name_or_path: str) -> Spec:
     return Spec(path=path, name=name, family=family, description=description, model_name=model_name,
                 model=model, baseline=baseline, sweep=sweep, quick=quick, verify=verify,
                 verify_quick=verify_quick, pivot=pivot, timing=timing, seed=seed, max_cases=max_cases,
-                sha256=h.hexdigest(), plugins=plugin_files)
+                sha256=h.hexdigest())
 
 
 class SpecErrors(SpecError):

@@ -17,11 +17,10 @@ How a run keeps what it finished (`ResultsWriter`):
   JSON twin, a ``.NAME.csv.spec`` sidecar).
 - ``--resume`` keeps exactly the records whose resume key (moebench.core.provenance.record_key)
   matches this run's, and says what it dropped and why.
-- One writer per output name: `OutputLock` holds an flock on ``OUT/<device>/.NAME.lock``; a second
-  run into the same name stops at once, naming the holder.
+- One writer per output name (`OutputLock`): a second run into the same name stops at once,
+  naming the holder.
 
-A file any command writes with -o goes through `output_file` first: never one of the command's
-inputs, never a folder, never an existing file without --force.
+A file any command writes with -o goes through `output_file` first.
 """
 
 from __future__ import annotations
@@ -288,22 +287,29 @@ def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int
     return best, where
 
 
+def _another_spec(old: dict, prov: dict) -> bool:
+    """Whether a file's identity `old` names a spec other than this run's `prov`: both its path and
+    its content differ (a spec edited in place, or the same content elsewhere, is the same spec)."""
+    path, sha = old.get("spec_path"), old.get("spec_sha256")
+    return isinstance(path, str) and isinstance(sha, str) and path != prov.get("spec_path") \
+        and sha != prov.get("spec_sha256")
+
+
 def other_spec(dest: Path, stem: str, prov: dict, formats: Iterable[str]) -> str | None:
     """Why STEM's results in DEST must not be replaced by this run's (prov): they were made by
     another spec of the same name (a spec file at another path with other content), or a file
     there says nothing of the spec that made it, nor does its JSON twin (a file moebench did not
-    write); else None. A spec edited in place, or the same content elsewhere, is the same spec."""
+    write); else None."""
     for p, own, twin in _present(dest, stem, dict.fromkeys(("json", *formats))):
         old = own or twin
         if old is None:
             return (f"{p} exists and does not say which spec made it (not a file moebench wrote, or unreadable): "
                     "not replaced (pass --force to replace it, or another --out)")
-        path, sha = old.get("spec_path"), old.get("spec_sha256")
-        if isinstance(path, str) and isinstance(sha, str) and path != prov.get("spec_path") \
-                and sha != prov.get("spec_sha256"):
-            return (f"{p} holds the results of another spec named {prov.get('sweep')!r} ({path}, sha256 {sha[:12]}); "
-                    f"this run's is {prov.get('spec_path')} (sha256 {str(prov.get('spec_sha256'))[:12]}): not "
-                    "replaced (pass --force to replace them, or another --out)")
+        if _another_spec(old, prov):
+            return (f"{p} holds the results of another spec named {prov.get('sweep')!r} ({old['spec_path']}, "
+                    f"sha256 {old['spec_sha256'][:12]}); this run's is {prov.get('spec_path')} "
+                    f"(sha256 {str(prov.get('spec_sha256'))[:12]}): not replaced (pass --force to replace them, "
+                    "or another --out)")
     return None
 
 
@@ -315,10 +321,10 @@ def page_problem(dest: Path, prov: dict, n_records: int) -> str | None:
     old = identity(dest)
     if old is None:
         return f"{dest} exists and is not a page moebench wrote (no trailer): not replaced (pass --force)"
-    path, sha, n = old.get("spec_path"), old.get("spec_sha256"), old.get("records")
-    if isinstance(path, str) and isinstance(sha, str) and path != prov.get("spec_path") and sha != prov.get("spec_sha256"):
-        return (f"{dest} is the page of another spec ({path}, sha256 {sha[:12]}); these results are "
-                f"{prov.get('spec_path')}'s: not replaced (pass --force)")
+    if _another_spec(old, prov):
+        return (f"{dest} is the page of another spec ({old['spec_path']}, sha256 {old['spec_sha256'][:12]}); "
+                f"these results are {prov.get('spec_path')}'s: not replaced (pass --force)")
+    n = old.get("records")
     if isinstance(n, int) and n > n_records:
         return f"{dest} shows {n} records and these results hold {n_records}: not replaced (pass --force)"
     return None

@@ -6,6 +6,8 @@ import math
 import re
 from typing import Any, Iterable, Sequence
 
+from moebench import errors
+
 
 def kind(v: Any) -> str:
     """What sort of value `v` is, as a phrase: 'a mapping', 'an integer', 'nothing (empty)'."""
@@ -25,21 +27,12 @@ def show(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# What a terminal or a markdown viewer would act on instead of showing: C0 controls (ESC starts
-# every escape sequence; a carriage return overwrites a line), DEL, the C1 controls (0x9b is a CSI
-# of its own), and the bidirectional overrides and isolates that reorder what a line seems to say.
-_UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
-_UNSAFE_RE = re.compile(f"[\x09\x0a{_UNSAFE}]")
-_UNSAFE_IN_LINES_RE = re.compile(f"[{_UNSAFE}]")
-
-
 def printable(text: Any, *, lines: bool = False) -> str:
     """Text read from a results file, made safe to print on a terminal or put in a page: every
     control character, and so every terminal escape sequence, is shown as its escape (``\\x1b``)
-    instead of acting. Newlines and tabs stay with `lines` (a whole page), else they are escaped too."""
-    s = str(text)
-    pat = _UNSAFE_IN_LINES_RE if lines else _UNSAFE_RE
-    return pat.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), s) if pat.search(s) else s
+    instead of acting (errors.one_line). Newlines and tabs stay with `lines` (a whole page), else
+    they are escaped too."""
+    return errors.one_line(str(text), "\n\t" if lines else "")
 
 
 def num(v: float | None, spec: str = ".2f") -> str:

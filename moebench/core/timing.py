@@ -57,9 +57,9 @@ def capture(fns: Sequence[Launch], launches: int, warmup: int, fresh: bool = Tru
     launches into one CUDA graph. `fresh`: before capturing, hand the allocator's free cached
     blocks back to the driver, as `torch.cuda.graph` does on entering; `time_groups` does that for
     a case's first graph only (its further graphs come right after, with nothing freed between).
-    `torch.cuda.graph` also runs a full garbage collection first, which costs seconds of a sweep
-    (results/h200/TIMER.md); here the young generations are collected, and the whole heap only when
-    the allocator holds over a quarter of the device's memory (cycles could hold input copies)."""
+    `torch.cuda.graph` also runs a full garbage collection first; here the young generations are
+    collected, and the whole heap only when the allocator holds over a quarter of the device's
+    memory (cycles could hold input copies)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -172,14 +172,9 @@ def time_groups(
     return Samples(order, launches_per_graph, len(order), wall, stopped_by, groups, kept)
 
 
-def time_graph(fns: Sequence[Launch], *, launches_per_graph: int = 200, warmup: int = 5, min_replays: int = 20,
-               max_replays: int = 4000, max_seconds: float = 1.0, batch: int = 20,
-               stop: Callable[[list[float]], bool] | None = None, keep: bool = False) -> Samples:
-    """Replay one graph of `launches_per_graph` launches until `stop(samples)` says enough
-    (checked after each batch, once `min_replays` are in), or a replay/time cap is hit."""
-    return time_groups(lambda g: fns, launches_per_graph=launches_per_graph, warmup=warmup,
-                       min_replays=min_replays, max_replays=max_replays, max_seconds=max_seconds, batch=batch,
-                       stop=stop, keep=keep)
+def time_graph(fns: Sequence[Launch], **kw) -> Samples:
+    """`time_groups` with the one group `fns` (the same keywords)."""
+    return time_groups(lambda g: fns, **kw)
 
 
 def time_events(fn: Launch, *, iters: int = 10, warmup: int = 2) -> list[float]:
@@ -254,8 +249,7 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
 # L2 flushed before every replay, one replay per sample, synchronized) and "batch" (replays back to
 # back behind a blocking kernel), and stops by its own criterion (stdrel: the relative standard
 # deviation of the cold samples under --max-noise, after --min-time of accumulated GPU time).
-# Its defaults (0.5 s of GPU time per measurement) would spend about a second on every case; 0.1 s
-# still gives 20-250 samples of a 0.4-5 ms graph, enough for its 0.5% noise criterion.
+# Its default of 0.5 s of GPU time per measurement is cut to 0.1 s here.
 NVBENCH_MIN_TIME_S = 0.1
 NVBENCH_BATCH_TIME_S = 0.1
 NVBENCH_MAX_NOISE_PCT = 0.5  # nvbench's own default

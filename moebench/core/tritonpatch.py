@@ -1,11 +1,9 @@
 """Every place moebench changes Triton's own code (or the interpreter's exit), in one module, and
 the one place moebench asks Triton what it compiled and launched.
 
-`PATCHES` lists each change: what it replaces, why, what it was measured to save (results/h200/
-TIMER.md, "Where each command's time goes", "On the CPU") and the variable that turns it off;
-`MOEBENCH_TRITON_PATCHES=0` turns every one off at once. None touches what a compiled kernel
-computes; each section below says why it changes no result. Tested on triton 3.6 and 3.9
-(tests/core/test_tritonpatch.py, tests/core/test_interpret.py; `make compat` runs them on 3.6).
+`PATCHES` lists each change and the variable that turns it off; `MOEBENCH_TRITON_PATCHES=0` turns
+every one off at once. None touches what a compiled kernel computes; each section below says why it
+changes no result.
 
 **Compile accounting** (`specializations()`) asks Triton which kernels it prepared while a block
 ran: on a GPU, Triton's `knobs.runtime.jit_post_compile_hook` (called once per specialization this
@@ -48,33 +46,14 @@ class Patch:
     name: str
     env: str  # the variable that turns it off
     off: str  # the value that does
-    replaces: str
-    reason: str
-    saving: str
 
 
 PATCHES = (
-    Patch("key_cache", "MOEBENCH_TRITON_KEY_CACHE", "0", "triton.runtime.cache.triton_key",
-          "Triton hashes its compiler sources and libtriton.so (several hundred MB) once per process before the "
-          "first kernel loads from its cache; the key only changes when those files do",
-          "0.4-0.8 s per process on an H200; count-block's 'compiling' 0.48-0.58 s -> 0.12-0.15 s"),
-    Patch("lang_once", "MOEBENCH_LANG_PATCH_ONCE", "0", "triton.runtime.interpreter._patch_lang",
-          "the interpreter re-patches triton.language (an inspect.getmembers over several modules) on every "
-          "call of a @triton.jit helper inside a kernel, once per program, installing the same functions",
-          "verify count-block on 2 CPU cores 351 s -> 87 s, the same 2280 records"),
-    Patch("no_overflow_checks", "MOEBENCH_OVERFLOW_CHECKS", "1",
-          "triton.runtime.interpreter.interpreter_builder.options.sanitize_overflow",
-          "with debug off the interpreter still redoes every integer add/sub/mul in int64 and hands the range "
-          "check to device_assert, which returns at once: no check ever fires",
-          "verify count-block --quick (40 cases, whole command) 5.3-8.0 s -> 2.7-2.8 s on 2 shared CPU cores, "
-          "the same records (two runs each, at the commit that moved it here)"),
-    Patch("scalar_squeeze", "MOEBENCH_SCALAR_SQUEEZE", "0", "triton.runtime.interpreter._patch_lang_tensor",
-          "up to triton 3.6 the interpreter turns a scalar into an int with int(array) on a 1-element 1-d array, "
-          "which NumPy 2 refuses; later triton squeezes first, and so does this",
-          "none: a fix (kernels with a loaded loop bound fail without it on triton <= 3.6 with NumPy 2)"),
-    Patch("fast_exit", "MOEBENCH_FAST_EXIT", "0", "the interpreter's shutdown (os._exit once output is flushed)",
-          "module teardown with torch loaded (and the CUDA context) after every file is written and closed",
-          "0.52-0.63 s -> 0.13-0.18 s per command on an H200"),
+    Patch("key_cache", "MOEBENCH_TRITON_KEY_CACHE", "0"),
+    Patch("lang_once", "MOEBENCH_LANG_PATCH_ONCE", "0"),
+    Patch("no_overflow_checks", "MOEBENCH_OVERFLOW_CHECKS", "1"),
+    Patch("scalar_squeeze", "MOEBENCH_SCALAR_SQUEEZE", "0"),
+    Patch("fast_exit", "MOEBENCH_FAST_EXIT", "0"),
 )
 BY_NAME = {p.name: p for p in PATCHES}
 
@@ -215,8 +194,9 @@ class _Unpatched:
 
 
 def patch_lang_once(it) -> bool:
-    """lang_once: nested @triton.jit calls skip re-patching triton.language while a launch in this
-    thread has it patched. The launch has already patched those modules and restores them at its
+    """lang_once: the interpreter re-patches triton.language (an inspect.getmembers over several
+    modules) on every call of a @triton.jit helper, once per program; here nested calls skip that
+    while a launch in this thread has it patched. The launch has already patched those modules and restores them at its
     end, and the nested patches install the same functions. A nested call whose function sees a
     language module the launch did not patch still patches (until the launch ends). True when
     installed now."""
@@ -257,7 +237,8 @@ def patch_lang_once(it) -> bool:
 
 def squeeze_scalars(it) -> bool:
     """scalar_squeeze: where this triton converts a scalar with `int(self.handle.data)` (<= 3.6),
-    squeeze the array first, as later releases do. True when applied now."""
+    squeeze the array first, as later releases do (NumPy 2 refuses int() of a 1-element 1-d
+    array). True when applied now."""
     patch = getattr(it, "_patch_lang_tensor", None)
     if patch is None or getattr(patch, "_moebench_squeeze", False):
         return False
@@ -301,7 +282,8 @@ def skip_overflow_checks(it=None) -> bool:
 def leave(code: object) -> None:
     """End the console command with exit status `code` (what SystemExit carried). fast_exit: every
     results file is renamed into place and every stream closed by now; the process flushes its
-    output, ends any worker process still there, and leaves with os._exit. Switched off: sys.exit."""
+    output, ends any worker process still there, and leaves with os._exit, skipping module teardown
+    (torch, the CUDA context). Switched off: sys.exit."""
     if not enabled("fast_exit"):
         sys.exit(code)
     if code is None:
