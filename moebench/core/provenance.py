@@ -34,39 +34,22 @@ from moebench.sources import arms, plugins, upstream
 COMMIT_ENV = "MOEBENCH_COMMIT"
 
 
-def _is_moebench_checkout(top: Path) -> bool:
-    """Whether a git work tree's top folder is moebench's own: it holds this very package and a
-    pyproject.toml naming the project moebench."""
-    try:
-        if top.resolve() != PACKAGE_ROOT:
-            return False
-        text = (top / "pyproject.toml").read_text()
-    except OSError:
-        return False
-    return any(line.replace(" ", "") == 'name="moebench"' for line in text.splitlines())
-
-
 def git_commit() -> str | None:
     """moebench's own commit: $MOEBENCH_COMMIT when set, else HEAD (with -dirty for uncommitted
-    changes) of the git repository that holds this package, and only when that repository is
-    moebench's own (a copy of the tree without its .git that sits inside another repository would
-    otherwise name that repository's commit); else None (provenance then says "unknown")."""
+    changes) of the git repository whose top folder holds this package (a copy of the tree without
+    its .git inside another repository would otherwise name that repository's commit); else None
+    (provenance then says "unknown")."""
     if os.environ.get(COMMIT_ENV, "").strip():
         return os.environ[COMMIT_ENV].strip()
-    where = PACKAGE_ROOT
+    head = upstream.git_head(PACKAGE_ROOT)
+    if head is None:
+        return None
     try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where, capture_output=True, text=True,
-                             timeout=5)
-        if top.returncode != 0 or not _is_moebench_checkout(Path(top.stdout.strip())):
-            return None
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5)
-        if out.returncode != 0:
-            return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=where, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+                               cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
+    return head + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def portable_path(path: Path | str) -> str:

@@ -198,12 +198,13 @@ def provenance() -> dict:
 
 
 def git_head(root: Path) -> str | None:
+    """HEAD of the git repository whose top folder is `root`, else None."""
     try:
         r = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True, text=True,
                            timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = r.stdout.split()
+    lines = r.stdout.splitlines()
     # only the checkout's own repository: a copy inside another repository is not its commit
     if r.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root.resolve():
         return None

@@ -290,3 +290,22 @@ def test_provenance_names_the_checkouts_commit():
 
         pytest.skip("this tree has no .git")
     assert _commit_in(src).startswith(head.stdout.strip())
+
+
+def test_provenance_names_a_checkouts_commit_under_a_path_with_a_space(tmp_path):
+    """moebench's own repository in a folder whose name has a space: its HEAD, -dirty when changed."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2]
+    repo = tmp_path / "my work" / "moebench"
+    shutil.copytree(src / "moebench", repo / "moebench", ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(git + ["init", "-q"], cwd=repo, check=True)
+    subprocess.run(git + ["add", "."], cwd=repo, check=True)
+    subprocess.run(git + ["commit", "-qm", "copy"], cwd=repo, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert _commit_in(repo) == head
+    (repo / "moebench" / "__init__.py").write_text("# changed\n" + (repo / "moebench" / "__init__.py").read_text())
+    assert _commit_in(repo) == head + "-dirty"
