@@ -5,8 +5,8 @@ reference data (.reference) and the plots (.plot).
 Pure Python over lists of floats and Records: no torch, no kernel, nothing printed. The CLI
 (moebench.cli.analysis) renders what these functions return.
 
-Conventions: times are µs per launch and lower is better, unless a function takes
-`lower_is_better`. Relative quantities are fractions inside (0.05 is 5%); percent appears only in
+Conventions: times are µs per launch and lower is better (compare takes a metric's direction from
+`metric_direction`). Relative quantities are fractions inside (0.05 is 5%); percent appears only in
 text. ON is the candidate and OFF the control, as in the seed PRs' A/B tables.
 """
 
@@ -36,14 +36,7 @@ def read_results(arg: str | Path) -> tuple[dict, list[Record]]:
         ref = load_reference(text[len(REF_PREFIX):])
         return ref.provenance(), ref.records
     path = Path(text)
-    if path.is_dir():
-        raise UsageError(f"{path}: is a directory, expected a results .json file")
-    try:
-        prov, records = load_results(path)
-    except (AttributeError, OSError) as e:  # valid JSON that is not an object, unreadable file
-        raise UsageError(f"{path}: not a moebench results file ({type(e).__name__}: {e})") from None
-    if not isinstance(prov, dict):
-        raise UsageError(f"{path}: not a moebench results file (provenance is not an object)")
+    prov, records = load_results(path)
     if not records:
         raise UsageError(f"{path}: no records (expected a results file with a non-empty 'records' list)")
     return prov, records

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 from moebench.analysis import metric_of
 from moebench.core.family import REQUIRED
 from moebench.core.stats import mean, pooled_sd, stdev, t975
+from moebench.core.text import md_table
 from moebench.errors import UsageError
 
 OFF, ON = "OFF", "ON"
@@ -34,20 +35,18 @@ class Arm:
 
 @dataclass
 class ABStats:
-    """What an interleaved A/B says, in the terms the seed PRs argue with.
+    """What an interleaved A/B says, in the terms the seed PRs argue with (lower is better).
 
     - `sd_off`, `sd_on`: the sample sd of all iterations of a side, arms pooled together, so
-      arm-to-arm drift counts as noise (seed 000's "pooled sd is 18.0 (OFF) and 23.2 (ON)").
-      `within_sd_*` pools only the spread inside each arm, for comparison.
+      arm-to-arm drift counts as noise. `within_sd_*` pools only the spread inside each arm, for
+      comparison.
     - separation: whether the worst ON iteration beats the best OFF one ("every ON iteration
       beats every OFF iteration"), the reverse, or neither; `margin` is the gap between them
       (negative when the arms overlap).
-    - `effect`: |Δ of means| over the larger of the two sds, the conservative reading of
-      "the win is ~23× the run-to-run noise".
+    - `effect`: |Δ of means| over the larger of the two sds, in noise units.
     """
 
     arms: list[Arm]
-    lower_is_better: bool
     off_mean: float
     on_mean: float
     delta: float  # on_mean - off_mean
@@ -56,8 +55,8 @@ class ABStats:
     sd_on: float
     within_sd_off: float
     within_sd_on: float
-    worst_on: float  # max(ON) when lower is better, else min(ON)
-    best_off: float  # min(OFF) when lower is better, else max(OFF)
+    worst_on: float  # max(ON)
+    best_off: float  # min(OFF)
     separation: str  # "better" | "worse" | "overlap"
     margin: float  # >0: the gap by which the sides separate; <=0: the overlap
     effect: float  # |delta| / max(sd_off, sd_on); inf when both sides have no spread
@@ -75,35 +74,26 @@ class ABStats:
         return sum(len(a.values) for a in self.arms if a.side == ON)
 
 
-def reference_arms(ref) -> list:
-    """The published A/B iterations of a reference (empty where only arm means were published)."""
-    ab = ref.ab or {}
-    return [Arm(a["side"], [float(v) for v in a["values"]]) for a in ab.get("arms") or ()]
-
-
-def ab_stats(arms: Sequence[Arm], *, lower_is_better: bool = True) -> ABStats:
+def ab_stats(arms: Sequence[Arm]) -> ABStats:
     off = [a for a in arms if a.side == OFF]
     on = [a for a in arms if a.side == ON]
     if not off or not on or any(not a.values for a in arms):
         raise ValueError("an A/B needs at least one OFF and one ON arm, each with values")
     xo = [v for a in off for v in a.values]
     xn = [v for a in on for v in a.values]
-    sign = -1.0 if lower_is_better else 1.0  # "goodness" = sign * value: bigger is better
-    worst_on = sign * min(sign * v for v in xn)
-    best_off = sign * max(sign * v for v in xo)
-    if sign * worst_on > sign * best_off:
-        separation, margin = "better", abs(worst_on - best_off)
-    elif min(sign * v for v in xo) > max(sign * v for v in xn):
-        separation = "worse"
-        margin = min(sign * v for v in xo) - max(sign * v for v in xn)
+    worst_on, best_off = max(xn), min(xo)
+    if worst_on < best_off:
+        separation, margin = "better", best_off - worst_on
+    elif min(xn) > max(xo):
+        separation, margin = "worse", min(xn) - max(xo)
     else:
-        separation, margin = "overlap", -abs(worst_on - best_off)
+        separation, margin = "overlap", best_off - worst_on
     mo, mn = mean(xo), mean(xn)
     sd_o, sd_n = stdev(xo), stdev(xn)
     noise = max(sd_o, sd_n)
     delta = mn - mo
     effect = abs(delta) / noise if noise > 0 else (math.inf if delta else 0.0)
-    return ABStats(arms=list(arms), lower_is_better=lower_is_better, off_mean=mo, on_mean=mn, delta=delta,
+    return ABStats(arms=list(arms), off_mean=mo, on_mean=mn, delta=delta,
                    rel=delta / mo if mo else math.nan, sd_off=sd_o, sd_on=sd_n,
                    within_sd_off=pooled_sd([a.values for a in off]), within_sd_on=pooled_sd([a.values for a in on]),
                    worst_on=worst_on, best_off=best_off, separation=separation, margin=margin, effect=effect)
@@ -120,31 +110,24 @@ def min_detectable(sd_off: float, sd_on: float, n_off: int, n_on: int, power: fl
     return (t975(df) + NormalDist().inv_cdf(power)) * sd * math.sqrt(1 / n_off + 1 / n_on)
 
 
-def separation_text(st: ABStats, unit: str = "µs", digits: int = 3) -> str:
+def separation_text(st: ABStats) -> str:
     """One sentence in the seed PRs' words, e.g. "max(ON) = 2.113 < min(OFF) = 8.041 µs — every ON
     iteration beats every OFF iteration, with a 5.928 µs margin"."""
-    lo = st.lower_is_better
-    on_f, off_f = ("max", "min") if lo else ("min", "max")
-    d = f"{{:.{digits}f}}"
-    w, b = d.format(st.worst_on), d.format(st.best_off)
+    w, b = us(st.worst_on), us(st.best_off)
     if st.separation == "better":
-        rel = "<" if lo else ">"
-        return (f"{on_f}(ON) = {w} {rel} {off_f}(OFF) = {b} {unit} — every ON iteration beats every OFF "
-                f"iteration, with a {d.format(st.margin)} {unit} margin")
+        return (f"max(ON) = {w} < min(OFF) = {b} µs — every ON iteration beats every OFF iteration, with a "
+                f"{us(st.margin)} µs margin")
     if st.separation == "worse":
-        return (f"every OFF iteration beats every ON iteration (ON is {'slower' if lo else 'worse'} in all "
-                f"{st.n_on}), by a {d.format(st.margin)} {unit} margin")
-    rel = "≥" if lo else "≤"
-    return (f"the arms overlap: {on_f}(ON) = {w} {rel} {off_f}(OFF) = {b} {unit}, so ON does not beat OFF in "
-            "every iteration")
+        return (f"every OFF iteration beats every ON iteration (ON is slower in all {st.n_on}), by a "
+                f"{us(st.margin)} µs margin")
+    return f"the arms overlap: max(ON) = {w} ≥ min(OFF) = {b} µs, so ON does not beat OFF in every iteration"
 
 
-def noise_text(st: ABStats, unit: str = "µs", digits: int = 3) -> str:
-    d = f"{{:.{digits}f}}"
-    what = "win" if (st.delta < 0) == st.lower_is_better and st.delta else "difference"
+def noise_text(st: ABStats) -> str:
+    what = "win" if st.delta < 0 else "difference"
     if st.noise == 0:
-        return f"Both sides have no spread (sd 0 {unit}): the effect in noise units is undefined."
-    return (f"Pooled sd is {d.format(st.sd_off)} (OFF) and {d.format(st.sd_on)} (ON) {unit}, so the {what} "
+        return "Both sides have no spread (sd 0 µs): the effect in noise units is undefined."
+    return (f"Pooled sd is {us(st.sd_off)} (OFF) and {us(st.sd_on)} (ON) µs, so the {what} "
             f"is ~{st.effect:.{0 if st.effect >= 10 else 1}f}× the run-to-run noise of this configuration.")
 
 
@@ -381,7 +364,7 @@ def ab_document(off: Sequence[Setting], on: Sequence[Setting], *, arms: int, ite
 
 
 def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int,
-             make_runner: Callable[[Mapping[str, str]], object], metric: str = "median_us",
+             make_runner: Callable[[Mapping[str, str]], object],
              on_step: Callable[[int, str, int, ABPair], None] | None = None,
              environ: Mapping[str, str] | None = None) -> list:
     """Arms alternate OFF/ON/OFF/ON in this process. Each arm gets a fresh runner (a run driver)
@@ -402,9 +385,9 @@ def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting],
                 rec = runner.run_case(p.off if side == OFF else p.on)
                 rec.timing.update({"ab_arm": a + 1, "ab_side": side, "ab_iter": i + 1})
                 records.append(rec)
-                t = metric_of(rec, metric)
+                t = metric_of(rec)
                 if t is None:
-                    why = rec.error.splitlines()[0] if rec.error else f"no {metric}"
+                    why = rec.error.splitlines()[0] if rec.error else "no median_us"
                     p.errors.append(f"arm {a + 1} {side} iteration {i + 1}: {rec.status}: {why}")
                 else:
                     values[id(p)].append(t)
@@ -412,7 +395,7 @@ def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting],
             p.arms.append(Arm(side, values[id(p)]))
     for p in pairs:
         if not p.errors:
-            p.stats = ab_stats(p.arms, lower_is_better=True)
+            p.stats = ab_stats(p.arms)
     return records
 
 
@@ -445,23 +428,21 @@ def ab_markdown(*, spec_name: str, device: str, off: Sequence[Setting], on: Sequ
     """The block for a PR description: summary table, the argument per case, then each case's
     arms and iterations (folded), like the seed PRs' A/B tables. `per_launch(pair)`: the MoE
     layers one launch of the pair covers (launch_layers)."""
-    order = "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
-    step_col = f"per step ({layers} layers)" if layers else "per step"
-    out = [f"### A/B on {device}: {settings_text(on)} (ON) against {settings_text(off)} (OFF)", "",
-           f"Sweep `{spec_name}`. {timer_text} {arms} arms {order} in one process, each rebuilding its inputs "
-           f"and graphs; {iters} timed measurements per arm per case. Lower is better.", "",
-           f"| case | OFF µs | ON µs | Δ µs | Δ % | arm separation | sd OFF / ON µs | effect | {step_col} |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for p in pairs:
         st = p.stats
         if st is None:
-            out.append(f"| {p.text} | ✗ | ✗ | | | {p.errors[0]} | | | |")
+            rows.append([p.text, "✗", "✗", "", "", p.errors[0], "", "", ""])
             continue
         pr = per_step(st.off_mean, st.on_mean, layers, per_launch(p))
-        out.append(f"| {p.text} | {us(st.off_mean)} | {us(st.on_mean)} | {st.delta:+.3f} | {100 * st.rel:+.1f}% | "
-                   f"{separation_cell(st)} | {us(st.sd_off)} / {us(st.sd_on)} | {effect_text(st)} | "
-                   f"{f'{pr.delta:+.1f} µs' if pr else 'none'} |")
-    out.append("")
+        rows.append([p.text, us(st.off_mean), us(st.on_mean), f"{st.delta:+.3f}", f"{100 * st.rel:+.1f}%",
+                     separation_cell(st), f"{us(st.sd_off)} / {us(st.sd_on)}", effect_text(st),
+                     f"{pr.delta:+.1f} µs" if pr else "none"])
+    out = [f"### A/B on {device}: {settings_text(on)} (ON) against {settings_text(off)} (OFF)", "",
+           f"Sweep `{spec_name}`. {timer_text} {arms} arms {arm_order(arms)} in one process, each rebuilding its "
+           f"inputs and graphs; {iters} timed measurements per arm per case. Lower is better.", "",
+           md_table(["case", "OFF µs", "ON µs", "Δ µs", "Δ %", "arm separation", "sd OFF / ON µs", "effect",
+                     f"per step ({layers} layers)" if layers else "per step"], rows), ""]
     for p in pairs:
         if p.stats is None:
             continue
@@ -469,12 +450,8 @@ def ab_markdown(*, spec_name: str, device: str, off: Sequence[Setting], on: Sequ
         out += [f"**{p.text}.** Arm separation: {separation_text(st)}. {noise_text(st)} "
                 f"{projection_text(per_step(st.off_mean, st.on_mean, layers, per_launch(p)))}", ""]
     out += ["<details><summary>Arms and iterations (µs per launch)</summary>", ""]
-    head = ["case", "arm", "config"] + [f"i{i + 1}" for i in range(iters)] + ["mean"]
-    out += ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
-    for p in pairs:
-        for a, arm in enumerate(p.arms):
-            vals = [us(v) for v in arm.values] + [""] * (iters - len(arm.values))
-            mean = us(arm.mean) if arm.values else "—"
-            out.append("| " + " | ".join([p.text, str(a + 1), arm.side] + vals + [mean]) + " |")
-    out += ["", "</details>"]
+    rows = [[p.text, a + 1, arm.side] + [us(v) for v in arm.values] + [""] * (iters - len(arm.values))
+            + [us(arm.mean) if arm.values else "—"] for p in pairs for a, arm in enumerate(p.arms)]
+    out += [md_table(["case", "arm", "config"] + [f"i{i + 1}" for i in range(iters)] + ["mean"], rows), "",
+            "</details>"]
     return "\n".join(out) + "\n"

@@ -72,21 +72,20 @@ def differences(a: dict, b: dict) -> Differences:
     return out
 
 
-def check_comparable(pb: dict, pn: dict, *, allow_settings: bool = False, allow_device: bool = False,
-                     names: tuple[str, str] = ("BASE", "NEW")) -> list[str]:
+def check_comparable(pb: dict, pn: dict, *, allow_settings: bool = False, allow_device: bool = False) -> list[str]:
     """Refuse (UsageError, exit 2) two runs timed on different devices or under settings that change
     the numbers, unless allowed; returns notes on what was allowed to differ."""
     diff, notes = differences(pb, pn), []
     db, dn = settings_of(pb)["device"], settings_of(pn)["device"]
     if diff.device:
-        what = (f"{names[0]} ran on {db.get('name')} ({db.get('sm_count')} SMs), {names[1]} on {dn.get('name')} "
+        what = (f"BASE ran on {db.get('name')} ({db.get('sm_count')} SMs), NEW on {dn.get('name')} "
                 f"({dn.get('sm_count')} SMs)")
         if not allow_device:
             raise UsageError(f"{what}: times of two devices are no gate; pass --allow-device to compare them anyway "
                              "(--cycles compares in clock cycles)")
         notes.append(f"{what}: a cross-device comparison (--allow-device)")
     elif db.get("uuid") and dn.get("uuid") and db["uuid"] != dn["uuid"]:
-        notes.append(f"{names[0]} and {names[1]} ran on two GPUs of one model ({str(db['uuid'])[:12]}, "
+        notes.append(f"BASE and NEW ran on two GPUs of one model ({str(db['uuid'])[:12]}, "
                      f"{str(dn['uuid'])[:12]}): a kernel can time differently on two of them every time (measured on "
                      "H200s: results/h200/TIMER.md, \"Four more hosts\"); each file's noise model covers that only "
                      "where it was measured across GPUs")
@@ -165,13 +164,13 @@ class FileNoise:
                 f"assumed one (at most {100 * ASSUMED_MAX:g}%), {len(xs) - measured - assumed} state none (not judged)")
 
 
-def named(nm: Any, results: Path | None, root: Path | None = None) -> tuple[N.NoiseModel | None, str]:
+def named(nm: Any, results: Path | None) -> tuple[N.NoiseModel | None, str]:
     """The model a results file names (provenance.noise_model: path and sha256), read as data and
     verified: a relative path without `..`, inside the repository's results/ folder or the results
     file's own folder; its bytes must hash to the sha256 named, else the archived copy beside it
     (archive/<stem>-<sha256[:12]>.json) that does. (None, why) when none is named ('') or it cannot
     be verified."""
-    root = (root or N._REPO_ROOT).resolve()
+    root = N._REPO_ROOT.resolve()
     if not isinstance(nm, dict) or nm.get("path") is None:
         return None, ""
     text, sha = nm.get("path"), nm.get("sha256")

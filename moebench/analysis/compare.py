@@ -172,12 +172,12 @@ def record_cycles(rec: Record, metric: str = "median_us") -> float | None:
     return v * mhz if v is not None and mhz is not None and metric.endswith("_us") else None
 
 
-def add_cycles(records: list[Record], metric: str = "median_us") -> int:
+def add_cycles(records: list[Record]) -> int:
     """Set timing.cycles (the median in SM clock cycles) on every record whose clock is known, for
     the per-case tables (show --metric cycles); returns how many got one."""
     n = 0
     for r in records:
-        c = record_cycles(r, metric)
+        c = record_cycles(r)
         if c is not None:
             r.timing["cycles"] = round(c, 1)
             n += 1

@@ -7,9 +7,9 @@ a Continuous Integration System", ICPE 2020). Written here because the maintaine
 (signal-processing-algorithms, apache-otava) pin numpy versions moebench cannot share.
 
 For a segment Z of n values split at tau into X = Z[:tau] (m values) and Y = Z[tau:] (k values),
-with alpha in (0, 2):
+with the paper's alpha = 1 and each side at least MIN_SIZE values:
 
-    E(X, Y) = 2/(m k) sum |x - y|^a - 1/C(m,2) sum_{i<j} |x_i - x_j|^a - 1/C(k,2) sum_{i<j} |y_i - y_j|^a
+    E(X, Y) = 2/(m k) sum |x - y| - 1/C(m,2) sum_{i<j} |x_i - x_j| - 1/C(k,2) sum_{i<j} |y_i - y_j|
     Q(tau)  = m k / (m + k) * E(X, Y)
 
 The split of largest Q over every current segment is the candidate. Its significance is a
@@ -35,6 +35,7 @@ import numpy as np
 # the permutation rows are scored this many bytes of work arrays at a time: memory is bounded by
 # the longest segment (about 80 bytes x n² for one row), not by n² x the permutations
 CHUNK_BYTES = 64 * 2**20
+MIN_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,11 @@ class ChangePoint:
     p: float  # the permutation test's p-value
 
 
-def _q_all(z: np.ndarray, alpha: float, min_size: int) -> np.ndarray:
+def _q_all(z: np.ndarray) -> np.ndarray:
     """max over kappa of Q(tau, kappa) for every tau of every row of z (shape R x n): X = Z[:tau],
-    Y = Z[tau:kappa]; -inf where a side is shorter than min_size. Returns shape R x (n + 1)."""
+    Y = Z[tau:kappa]; -inf where a side is shorter than MIN_SIZE. Returns shape R x (n + 1)."""
     r, n = z.shape
-    d = np.abs(z[:, :, None] - z[:, None, :]) ** alpha
+    d = np.abs(z[:, :, None] - z[:, None, :])
     p = np.zeros((r, n + 1, n + 1))
     p[:, 1:, 1:] = d.cumsum(1).cumsum(2)
     tau = np.arange(n + 1)[:, None]  # rows: tau, columns: kappa
@@ -59,14 +60,14 @@ def _q_all(z: np.ndarray, alpha: float, min_size: int) -> np.ndarray:
     # block sums of D over rows a:b, columns c:d from the 2-D prefix sums
     within_y = (diag[:, None, :] - p[:, tau, kap] - p[:, kap, tau] + diag[:, :, None]) / 2.0
     cross = p[:, tau, kap] - diag[:, :, None]
-    ok = (tau >= min_size) & (k >= min_size)
+    ok = (tau >= MIN_SIZE) & (k >= MIN_SIZE)
     with np.errstate(divide="ignore", invalid="ignore"):
         e = 2.0 * cross / (m * k) - within_x / (m * (m - 1) / 2.0) - within_y / (k * (k - 1) / 2.0)
         q = np.where(ok, m * k / (m + k) * e, -np.inf)
     return q.max(axis=2)
 
 
-def _best(values: np.ndarray, bounds: list[tuple[int, int]], alpha: float, min_size: int,
+def _best(values: np.ndarray, bounds: list[tuple[int, int]],
           perm: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The largest Q over all segments, per row: (q, segment index, tau inside it). `perm`: R rows
     of within-segment permutations of the whole series (None: the series itself, one row)."""
@@ -75,11 +76,11 @@ def _best(values: np.ndarray, bounds: list[tuple[int, int]], alpha: float, min_s
     best_s = np.zeros(z.shape[0], dtype=int)
     best_t = np.zeros(z.shape[0], dtype=int)
     for s, (a, b) in enumerate(bounds):
-        if b - a < 2 * min_size:
+        if b - a < 2 * MIN_SIZE:
             continue
         rows = max(1, CHUNK_BYTES // (80 * (b - a + 1) ** 2))  # _q_all holds ~10 arrays of rows x (n+1)² floats
         for lo in range(0, z.shape[0], rows):
-            q = _q_all(z[lo:lo + rows, a:b], alpha, min_size)
+            q = _q_all(z[lo:lo + rows, a:b])
             t = q.argmax(1)
             qt = q[np.arange(q.shape[0]), t]
             better = np.zeros(z.shape[0], dtype=bool)
@@ -88,11 +89,9 @@ def _best(values: np.ndarray, bounds: list[tuple[int, int]], alpha: float, min_s
     return best_q, best_s, best_t
 
 
-def e_divisive(series: Sequence[float], *, sig: float = 0.05, permutations: int = 199, alpha: float = 1.0,
-               min_size: int = 2, seed: int = 0) -> list[ChangePoint]:
+def e_divisive(series: Sequence[float], *, sig: float = 0.05, permutations: int = 199,
+               seed: int = 0) -> list[ChangePoint]:
     """The significant change points of `series`, in index order."""
-    if not 0 < alpha < 2:
-        raise ValueError(f"alpha must be in (0, 2), got {alpha}")
     values = np.asarray(series, dtype=float)
     n = len(values)
     if not np.all(np.isfinite(values)):
@@ -101,13 +100,13 @@ def e_divisive(series: Sequence[float], *, sig: float = 0.05, permutations: int 
     bounds = [(0, n)]
     found: list[ChangePoint] = []
     while True:
-        q, s, t = _best(values, bounds, alpha, min_size)
+        q, s, t = _best(values, bounds)
         if not np.isfinite(q[0]):
             break
         perm = np.tile(np.arange(n), (permutations, 1))
         for a, b in bounds:
             perm[:, a:b] = a + rng.permuted(np.tile(np.arange(b - a), (permutations, 1)), axis=1)
-        qp, _, _ = _best(values, bounds, alpha, min_size, perm)
+        qp, _, _ = _best(values, bounds, perm)
         p = (1 + int(np.sum(qp >= q[0] - 1e-12 * abs(q[0])))) / (1 + permutations)
         if p > sig:
             break

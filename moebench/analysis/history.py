@@ -1,30 +1,10 @@
-"""A results history across commits, drivers and machines, and change points in it.
+"""A results history across commits, drivers and machines, and change points in it, as
+docs/history.md describes: one SQLite file (`open_db`, `add_results`, `series`) and the labelled
+E-divisive change points of each case's medians (`check`, `label_change`).
 
-The store is one SQLite file (the standard library's sqlite3): no new dependency; WAL journaling
-and one IMMEDIATE transaction per added file, so several `history add` at once each land whole and
-none is lost (a writer waits up to `BUSY_S` for another); one file that can be committed beside the
-results it summarises. A database holding anything moebench did not create (a trigger, a view,
-another table or index, a table of another definition) is refused on open: SQL stored in a file
-never runs.
-
-Tables (`_SCHEMA`, version `SCHEMA_VERSION` kept in `meta`; a file of another version is refused):
-runs, one row per run with its provenance; records, one row per record with the noise fields as
-`compare` judges them and a fingerprint of its measurement. Values are typed on the way in (exit 2
-naming the key). One run is stored once (`add_results`).
-
-`check` runs E-divisive means (moebench.analysis.edivisive) on each case's series of medians in run
-order (UTC instant, then the order added), over its last `WINDOW` timed runs, and labels every
-change point:
-
-- hardware/driver change: the device, driver, CUDA, torch, triton or the SM/memory clock differ
-  between the runs on either side of the step;
-- method change: the timer, estimator or L2 state, or a setting that changes the number (the
-  comparability rule: a noise-only setting is not one);
-- noise: the step lies within the stated intervals: [m(1-r), m(1+r)] before and after overlap,
-  m the median of a side's medians and r the median of its rel_noise, or, where wider, the runs'
-  own scatter: 1.96 * s / sqrt(k) / m, s the robust sd (1.4826 * median absolute residual about
-  each side's median) pooled over both sides, k the side's runs; or a step under `min_step`;
-- real: otherwise, a regression (slower after) or an improvement.
+Tables: `_SCHEMA`, its version `SCHEMA_VERSION` kept in `meta` (a file of another version is
+refused). A database holding anything moebench did not create (a trigger, a view, another table or
+index, a table of another definition) is refused on open: SQL stored in a file never runs.
 
 Nothing here prints, imports torch or runs a kernel.
 """
@@ -338,7 +318,6 @@ class Point:
     status: str
     hardware: dict[str, Any]
     method: dict[str, Any]
-    source: str | None = None
     rel_noise_within: float | None = None
     rerun_rel: float | None = None
 
@@ -358,17 +337,13 @@ class Series:
     params: dict[str, Any]
     points: list[Point] = field(default_factory=list)
 
-    @property
-    def name(self) -> str:
-        return f"{self.sweep}/{self.case_id}"
-
 
 _SELECT = """
 SELECT r.sweep, r.case_id, r.variant, r.label, r.params, r.status, r.median_us, r.rel_noise, r.rel_noise_within,
        r.rerun_rel, r.timer, r.estimator, r.l2, r.sm_clock_start_mhz, g.run_id, g.timestamp, g.git_commit
 FROM records r JOIN runs g ON g.run_id = r.run_id
 """
-_RUNS = """SELECT run_id, device_name, driver, cuda, torch, triton, sm_clock_max_mhz, mem_clock_max_mhz, settings, source
+_RUNS = """SELECT run_id, device_name, driver, cuda, torch, triton, sm_clock_max_mhz, mem_clock_max_mhz, settings
 FROM runs"""
 
 
@@ -377,9 +352,9 @@ def series(con: sqlite3.Connection, *, sweep: str | None = None, case: str | Non
     or its prefix; `sweep`: one sweep only. A run's hardware and settings are read once and shared
     by its points."""
     runs = {}
-    for rid, dev, drv, cuda, torch_v, triton_v, smax, mmax, settings, src in con.execute(_RUNS):
+    for rid, dev, drv, cuda, torch_v, triton_v, smax, mmax, settings in con.execute(_RUNS):
         runs[rid] = ({"device": dev, "driver": drv, "cuda": cuda, "torch": torch_v, "triton": triton_v,
-                      "sm_clock_max_mhz": smax, "mem_clock_max_mhz": mmax}, json.loads(settings or "{}"), src)
+                      "sm_clock_max_mhz": smax, "mem_clock_max_mhz": mmax}, json.loads(settings or "{}"))
     where, args = [], []
     if sweep:
         where.append("r.sweep = ?")
@@ -395,10 +370,10 @@ def series(con: sqlite3.Connection, *, sweep: str | None = None, case: str | Non
         s = out.get((sw, cid))
         if s is None:
             s = out[(sw, cid)] = Series(sw, cid, var, lab, json.loads(params or "{}"))
-        hw, settings, src = runs[rid]
+        hw, settings = runs[rid]
         method = {"timer": timer, "estimator": est, "l2": l2, "settings": settings}
         s.points.append(Point(rid, ts, commit, med if status == "ok" else None, rel, status,
-                              {**hw, "sm_clock_mhz": clk}, method, src, within, rerun))
+                              {**hw, "sm_clock_mhz": clk}, method, within, rerun))
     return list(out.values())
 
 
@@ -432,7 +407,7 @@ def order_notes(con: sqlite3.Connection, repo: Path | None = None) -> list[str]:
 REAL, METHOD, HARDWARE, NOISE = "real", "method change", "hardware/driver change", "noise"
 # a step smaller than this is labelled noise whatever the intervals say: the change point search
 # picks the most extreme split of a series, so a tiny step it finds in pure jitter can still clear
-# the intervals of its two sides (0.15% steps, 2 of 600 synthetic case series with 0.1% jitter)
+# the intervals of its two sides
 MIN_STEP = 0.01
 # an SM clock that moved more than this between two runs counts as a hardware difference
 CLOCK_TOLERANCE = 0.05
@@ -530,8 +505,8 @@ def label_change(s: Series, pts: list[Point], lo: int, k: int, hi: int, p: float
     return Change(s, idx, p, mb, ma, label, direction, why)
 
 
-def changes(s: Series, *, sig: float = 0.05, permutations: int = 199, seed: int = 0,
-            min_step: float = MIN_STEP, window: int = 0) -> list[Change]:
+def changes(s: Series, *, sig: float = 0.05, permutations: int = 199, min_step: float = MIN_STEP,
+            window: int = 0) -> list[Change]:
     """E-divisive change points of the series' medians (timed points only; with `window`, its last
     `window` of them), each labelled."""
     from moebench.analysis.edivisive import e_divisive
@@ -539,7 +514,7 @@ def changes(s: Series, *, sig: float = 0.05, permutations: int = 199, seed: int 
     pts = [x for x in s.points if x.median_us is not None][-window if window else None:]
     if len(pts) < 4:
         return []
-    cps = e_divisive([x.median_us for x in pts], sig=sig, permutations=permutations, seed=seed)
+    cps = e_divisive([x.median_us for x in pts], sig=sig, permutations=permutations)
     cuts = [0] + [c.index for c in cps] + [len(pts)]
     return [label_change(s, pts, cuts[i], cuts[i + 1], cuts[i + 2], cps[i].p, min_step) for i in range(len(cps))]
 
@@ -610,8 +585,8 @@ def restate_with(all_series: Sequence[Series], setting: str = "auto", *, allow_f
     return lines
 
 
-def check(all_series: Sequence[Series], *, sig: float = 0.05, permutations: int = 199, seed: int = 0,
-          min_step: float = MIN_STEP, window: int = WINDOW) -> CheckReport:
+def check(all_series: Sequence[Series], *, sig: float = 0.05, permutations: int = 199, min_step: float = MIN_STEP,
+          window: int = WINDOW) -> CheckReport:
     if not 0 < sig < 1:
         raise UsageError(f"--sig: expected a significance level in (0, 1), got {sig:g}")
     if not 0 <= min_step < 1:
@@ -628,7 +603,7 @@ def check(all_series: Sequence[Series], *, sig: float = 0.05, permutations: int 
         rep.checked += 1
         if s.points[-1].median_us is None:
             rep.unmeasured.append(s)
-        rep.changes += changes(s, sig=sig, permutations=permutations, seed=seed, min_step=min_step, window=window)
+        rep.changes += changes(s, sig=sig, permutations=permutations, min_step=min_step, window=window)
     return rep
 
 

@@ -18,10 +18,8 @@ from moebench.core.records import Record
 
 @dataclass
 class PageSpec:
-    """What a results page needs of the spec that made it, read from the results file alone
-    (provenance.page, written by moebench.core.provenance.provenance): the readers (render, merge)
-    never open a spec file named inside a results file, since loading a spec runs its `plugins:`.
-    Duck-types the parts of a Spec that moebench.report.sweep.sweep_markdown reads."""
+    """What a results page needs of the spec that made it (provenance.page). Duck-types the parts
+    of a Spec that moebench.report.sweep.sweep_markdown reads."""
 
     name: str
     family: Any
@@ -45,6 +43,10 @@ class RecordsFamily:
         self.sections = self.ab_sections = self.layers_per_launch = None
         self.variants: dict = {}
         self.shape_params: tuple = ()
+
+    def borrowed_work(self, variants) -> list[str]:
+        """None: the variants are the plugin's own family's, so no work model is borrowed."""
+        return []
 
 
 def builtin_family(name: str):

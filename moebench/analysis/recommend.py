@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from moebench.analysis import describe, metric_of, value_of, varying_keys
-from moebench.analysis.comparable import ASSUMED_MAX, record_noise
+from moebench.analysis.comparable import file_noise
 from moebench.core.cases import Case, case_id
 from moebench.core.text import ordered
 from moebench.core.records import Record
@@ -30,7 +30,6 @@ class ConfigRegret:
 
 @dataclass
 class Recommendation:
-    group_keys: list[str]
     group: tuple
     config_keys: list[str]
     over_keys: list[str]
@@ -171,7 +170,7 @@ def regret_table(records: list[Record], over: list[str], config_keys: list[str],
         wchoice = None
         if weights and any(c.weighted is not None for c in configs):
             wchoice = min((c for c in configs if c.weighted is not None), key=lambda c: (c.weighted, c.worst))
-        out.append(Recommendation(group_keys, gkey, config_keys, over, shapes, best, configs, robust,
+        out.append(Recommendation(gkey, config_keys, over, shapes, best, configs, robust,
                                   weights, wchoice, metric))
     if not out:
         raise UsageError(f"no {metric} in these results: recommend needs timed results (a GPU sweep; an "
@@ -319,11 +318,10 @@ def _measured_variant(records: list[Record], family, sw: Switch, variant: str | 
 
 
 def _checked(records: list[Record], family, sw: Switch, noise) -> dict[str, float | None]:
-    """Per case id, the half-width a record's time is weighed with (its judged one, `noise`:
-    moebench.analysis.comparable.file_noise, else its stated rel_noise); UsageError (exit 2) for a
-    record whose value of the switch is not one of the family's legal values, or whose noise is not
-    a number >= 0 or disagrees with its parts: nothing from a results file reaches the emitted file
-    unchecked."""
+    """Per case id, the half-width a record's time is weighed with: the wider of its stated
+    rel_noise and its judged one (`noise`: moebench.analysis.comparable.file_noise, which has
+    checked every stated noise); UsageError (exit 2) for a record whose value of the switch is not
+    one of the family's legal values: nothing from a results file reaches the emitted file unchecked."""
     param = family.params.get(sw.param)
     out = {}
     for r in records:
@@ -334,12 +332,8 @@ def _checked(records: list[Record], family, sw: Switch, noise) -> dict[str, floa
                              f"values ({param.allowed() if param is not None else 'none'})")
         if metric_of(r) is None:
             continue
-        try:
-            record_noise(r.timing, r.case_id, None, ASSUMED_MAX)  # its parts are numbers >= 0 and agree
-        except ValueError as e:
-            raise UsageError(f"case {r.case_id} ({r.label}): {e}; a stated noise is checked, not trusted") from None
         # the wider of the stated and the judged half-width: a narrower one would emit on a smaller gain
-        judged = noise.by_case.get(r.case_id) if noise is not None else None
+        judged = noise.by_case.get(r.case_id)
         rel = r.timing.get("rel_noise")
         out[r.case_id] = max(rel, judged.rel) if judged is not None and rel is not None else rel
     return out
@@ -351,9 +345,11 @@ def decide(records: list[Record], family, *, over: Sequence[str] | None = None, 
     least weighted mean time over the mix (default mix: every swept shape, equal weights), against
     the shipped default. Emitted only when the choice's mix interval lies wholly below the
     default's; otherwise the default, with the reason. `noise`: the file's judged half-widths
-    (moebench.analysis.comparable.file_noise); every value and half-width is checked (_checked)."""
+    (moebench.analysis.comparable.file_noise; default: those of `records` without a noise model);
+    every value and half-width is checked (_checked)."""
     if family is None:
         raise UsageError("--emit: these results' family is not known here, so its kill switches are not either")
+    noise = noise if noise is not None else file_noise({}, records, None)
     sws = [sw for sw in switches(family).values() if sw.param in varying_keys(records)]
     if not sws:
         names = ", ".join(f"{s.var} ({s.param})" for s in switches(family).values()) or "none"

@@ -4,9 +4,8 @@ records that sit beside a measurement in `show --reference`, `plot --reference` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from moebench.core.records import Record
 from moebench.core.cases import case_id
@@ -19,7 +18,7 @@ REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 
 @dataclass
 class Reference:
-    """A seed PR's published table: records built from it, plus the figures around it."""
+    """A seed PR's published table, as records."""
 
     name: str
     title: str
@@ -28,12 +27,7 @@ class Reference:
     family: str
     label: str
     timer: str
-    units: dict[str, str]
     records: list[Record]
-    notes: list[str] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
-    ab: dict[str, Any] | None = None
-    path: Path | None = None
 
     def provenance(self) -> dict:
         return {"sweep": self.name, "reference": True, "source": self.source, "timer": self.timer,
@@ -83,8 +77,7 @@ def load_reference(name: str) -> Reference:
         records.append(rec)
     return Reference(name=doc.get("name", name), title=doc.get("title", name), source=str(doc.get("source", "")),
                      device=str(doc.get("device", "")), family=fam, label=label, timer=str(doc.get("timer", "")),
-                     units=dict(doc.get("units") or {}), records=records, notes=list(doc.get("notes") or []),
-                     facts=dict(doc.get("facts") or {}), ab=doc.get("ab"), path=path)
+                     records=records)
 
 
 _REF_TIMING_KEYS = ("median_us", "min_us", "max_us", "iqr_us", "rel_noise")

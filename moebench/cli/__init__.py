@@ -2,7 +2,7 @@
 
 - moebench.cli.run: sweep, verify
 - moebench.cli.info: validate, list, show, render, device
-- moebench.cli.analysis: ab, compare, recommend, plot
+- moebench.cli.analysis: ab, compare, recommend, plot, conformance
 - moebench.cli.pr: pr
 - moebench.cli.parallel: merge
 - moebench.cli.history: history add | show | check
@@ -69,7 +69,7 @@ def command():
 
 
 startup.mark("imports (typer, rich, the command line)")  # from moebench's first line to here
-_RAN = []  # commands main() ran in this process (in-process callers run several)
+_RAN = False  # whether main() ran in this process before (in-process callers run several)
 
 
 def entry() -> None:
@@ -87,9 +87,10 @@ def entry() -> None:
 
 
 def main() -> None:
+    global _RAN
     if _RAN:
         startup.restart()
-    _RAN.append(sys.argv[1:])
+    _RAN = True
     fit_consoles()
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
@@ -99,7 +100,7 @@ def main() -> None:
         signum = STATE.get("signalled")
         if signum and not (isinstance(e.code, int) and e.code >= ExitCode.INTERRUPTED):
             # a signal something swallowed, or whose exception surfaced as another error: still an interrupt
-            err.print("interrupted", markup=False)
+            err.print("interrupted")
             raise SystemExit(ExitCode.INTERRUPTED + signum) from None
         raise
     finally:
@@ -118,33 +119,31 @@ def _main() -> None:
         rc = command()(standalone_mode=False)  # click hands typer.Exit's code back in this mode
         signum = STATE.get("signalled")
         if signum and rc == ExitCode.INTERRUPTED + 2:  # typer turns a KeyboardInterrupt into a silent Exit(130)
-            err.print("interrupted", markup=False)
+            err.print("interrupted")
             sys.exit(ExitCode.INTERRUPTED + signum)
         sys.exit(int(rc) if isinstance(rc, int) else ExitCode.OK)
     except MoebenchError as e:
         if STATE["verbose"]:
             traceback.print_exc()
-        err.print(f"error: {e}" if not isinstance(e, Interrupted) else str(e), markup=False, highlight=False,
-                  soft_wrap=True)
+        err.print(f"error: {e}" if not isinstance(e, Interrupted) else str(e), highlight=False, soft_wrap=True)
         sys.exit(int(e.exit_code))
     except KeyboardInterrupt as e:
-        err.print("interrupted", markup=False)
+        err.print("interrupted")
         sys.exit(ExitCode.INTERRUPTED + getattr(e, "signum", 2))
     except Exception as e:  # click usage errors (typer may vendor click) and anything unexpected
         if hasattr(e, "show") and hasattr(e, "exit_code"):  # a click UsageError / BadParameter
             e.show()
             sys.exit(e.exit_code)
         if type(e).__name__ == "Abort" or STATE.get("signalled"):  # click turns an interrupt into Abort
-            err.print("interrupted", markup=False)
+            err.print("interrupted")
             sys.exit(ExitCode.INTERRUPTED + (STATE.get("signalled") or 2))
         loop = "Symlink loop from "  # pathlib's resolve() before Python 3.13, on any path a command is given
         if isinstance(e, RuntimeError) and str(e).startswith(loop) and not STATE["verbose"]:
             where = str(e)[len(loop):].strip("'")
             err.print(f"error: {where}: a loop of symbolic links (one points back to itself); give the "
-                      "real file", markup=False, highlight=False, soft_wrap=True)
+                      "real file", highlight=False, soft_wrap=True)
             sys.exit(ExitCode.USAGE)
         if STATE["verbose"]:
             raise
-        err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", markup=False,
-                  soft_wrap=True)
+        err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", soft_wrap=True)
         sys.exit(ExitCode.INTERNAL)

@@ -1,4 +1,4 @@
-"""Commands that decide from numbers: `ab`, `compare`, `recommend`, `plot`.
+"""Commands that decide from numbers: `ab`, `compare`, `recommend`, `plot`, `conformance`.
 
 Thin, like the rest of the CLI: parse -> moebench.analysis -> render. The statistics, the A/B
 pairing and schedule live in moebench.analysis; `ab` hands the schedule a run driver per arm.
@@ -17,7 +17,7 @@ import typer
 from rich.text import Text
 
 from moebench.analysis import params_text, read_results, results_json_layout
-from moebench.analysis.ab import (ABPair, ab_document, ab_pairs, arm_order, check_ab, check_arm_environments,
+from moebench.analysis.ab import (OFF, ON, ABPair, ab_document, ab_pairs, arm_order, check_ab, check_arm_environments,
                                   parse_setting, run_arms, settings_text)
 from moebench.analysis.comparable import differences, file_noise
 from moebench.analysis.compare import compare_files
@@ -27,7 +27,9 @@ from moebench.analysis.recommend import (check_cases, decide, emit_document, env
                                          recommend_keys, regret_table)
 from moebench.analysis.reference import load_reference, reference_names
 from moebench.cli.common import (DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, MEGATRON_OPT, NOISE_OPT, PLUGIN_OPT, STATE, Bar,
-                                 cuda_device, err, out, print_markdown, print_rows, use_sources)
+                                 comma_list, cuda_device, err, out, print_markdown, print_rows, use_sources)
+from moebench.cli.info import REFERENCE_OPT
+from moebench.cli.run import SPEC_ARG
 from moebench.core.cases import expand
 from moebench.core.driver import Driver, Summary, run_sweep
 from moebench.core.pipeline import Options
@@ -36,10 +38,15 @@ from moebench.core.spec import PACKAGE_ROOT, load_spec
 from moebench.core.store import OutputLock, atomic_write_text, output_file, writable_dir
 from moebench.core.text import num, printable
 from moebench.errors import ExitCode, UsageError
-from moebench.report.ab import ab_page
+from moebench.report.pr import ab_page
 from moebench.report.conformance import page as conformance_page, rows as conformance_rows, twins
 
 app = typer.Typer()
+
+# The options of the arms, in `ab` and `pr`.
+ARMS = "The arms"  # their panel in --help
+ARMS_OPT = typer.Option(4, "--arms", rich_help_panel=ARMS, help="Arms in total, alternating OFF/ON (even, >= 2).")
+ITERS_OPT = typer.Option(5, "--iters", rich_help_panel=ARMS, help="Timed measurements per arm and case (>= 2).")
 
 
 # ============================================================================ commands
@@ -47,15 +54,13 @@ app = typer.Typer()
 
 @app.command(short_help="Interleaved OFF/ON A/B of two configurations.")
 def ab(
-    spec: str = typer.Argument(..., help="Sweep name (sweeps/NAME.yaml) or path to a spec file."),
-    off: Optional[list[str]] = typer.Option(None, "--off", rich_help_panel="The arms", help="KEY=VAL (a spec "
+    spec: str = SPEC_ARG,
+    off: Optional[list[str]] = typer.Option(None, "--off", rich_help_panel=ARMS, help="KEY=VAL (a spec "
                                             "parameter) or env:NAME=VAL for the control arms; repeat for several."),
-    on: Optional[list[str]] = typer.Option(None, "--on", rich_help_panel="The arms", help="KEY=VAL or env:NAME=VAL "
+    on: Optional[list[str]] = typer.Option(None, "--on", rich_help_panel=ARMS, help="KEY=VAL or env:NAME=VAL "
                                            "for the candidate arms."),
-    arms: int = typer.Option(4, "--arms", rich_help_panel="The arms", help="Arms in total, alternating OFF/ON (even, "
-                             ">= 2)."),
-    iters: int = typer.Option(5, "--iters", rich_help_panel="The arms", help="Timed measurements per arm and case "
-                              "(>= 2)."),
+    arms: int = ARMS_OPT,
+    iters: int = ITERS_OPT,
     quick: bool = typer.Option(False, "--quick", rich_help_panel="What to run", help="Use the spec's small CI smoke "
                                "shape."),
     dry_run: bool = typer.Option(False, "--dry-run", rich_help_panel="What to run", help="List the OFF/ON pairs and "
@@ -72,25 +77,64 @@ def ab(
     """Interleaved A/B of two configurations (OFF/ON/OFF/ON in one process): per-arm means, arm
     separation, pooled sd, effect in noise units, per-step projection, and a PR-ready markdown block."""
     use_sources(plugin, megatron_lm, interpret=None if dry_run else False)
-    sp = load_spec(spec)
-    if sp.family.host_only:
-        raise UsageError(f"family {sp.family.name!r} is evaluated on the host: there is nothing to time")
-    offs = [parse_setting(s, sp.family, "--off") for s in off or ()]
-    ons = [parse_setting(s, sp.family, "--on") for s in on or ()]
-    check_ab(offs, ons, arms=arms, iters=iters)
-    pairs, notes = ab_pairs(sp, expand(sp, quick=quick), offs, ons)
-    for n in notes:
-        err.print(n, style="yellow")
+    sp, offs, ons, pairs = ab_setup(spec, off, on, arms=arms, iters=iters, quick=quick)
     if dry_run:
         print_ab_plan(sp, pairs, offs, ons, arms=arms, iters=iters, markdown=markdown)
         return
-    device = ab_device()
-    check_arm_environments(sp, pairs, offs, ons, device, os.environ)  # each arm's, once, before any arm runs
-    stem = f"{sp.name}-ab" + ("-quick" if quick else "")
-    for suffix in ("json", "md"):  # an earlier A/B (another pair of arms) is not replaced unasked
-        output_file(out_dir / device.slug / f"{stem}.{suffix}", force=force, option="--out")
-    dest, md = run_ab(sp, device, pairs, offs, ons, arms=arms, iters=iters, quick=quick, out_dir=out_dir, stem=stem)
+    device = cuda_device("ab", "run it on a GPU machine, or pass --dry-run for the plan")
+    dest, stem = ab_outputs(sp, pairs, offs, ons, device, out_dir=out_dir, kind="ab", quick=quick, force=force)
+    md = run_ab(sp, device, dest, stem, pairs, offs, ons, arms=arms, iters=iters, quick=quick)
     print_ab_results(pairs, md, dest, stem)
+
+
+def ab_settings(sp, texts, side: str) -> list:
+    """An arm's KEY=VALs (--off, --on) as settings of the spec's family."""
+    return [parse_setting(t, sp.family, f"--{side.lower()}") for t in texts or ()]
+
+
+def ab_setup(spec: str, off, on, *, arms: int, iters: int, quick: bool, settings=ab_settings):
+    """The spec, the arms' settings and the OFF/ON pairs of an A/B (`ab`, `pr`), checked before
+    anything runs: a host-only family has nothing to time; `settings(sp, texts, side)` reads an
+    arm's KEY=VALs; the pairs' notes go to stderr."""
+    sp = load_spec(spec)
+    if sp.family.host_only:
+        raise UsageError(f"family {sp.family.name!r} is evaluated on the host: there is nothing to time")
+    offs, ons = settings(sp, off, OFF), settings(sp, on, ON)
+    check_ab(offs, ons, arms=arms, iters=iters)
+    pairs, notes = ab_pairs(sp, expand(sp, quick=quick), offs, ons)
+    for n in notes:
+        err.print(n, style="yellow", highlight=False)
+    return sp, offs, ons, pairs
+
+
+def ab_outputs(sp, pairs: list[ABPair], offs, ons, device, *, out_dir: Path, kind: str, quick: bool,
+               force: bool) -> tuple[Path, str]:
+    """Before any arm runs: each arm's environment checked once, and OUT/<device>/NAME-KIND.json and
+    .md of an earlier run (another pair of arms) not replaced unasked; their folder and stem."""
+    check_arm_environments(sp, pairs, offs, ons, device, os.environ)
+    dest, stem = out_dir / device.slug, f"{sp.name}-{kind}" + ("-quick" if quick else "")
+    for suffix in ("json", "md"):
+        output_file(dest / f"{stem}.{suffix}", force=force, option="--out")
+    return writable_dir(dest, "--out"), stem
+
+
+def timed_arms(sp, device, pairs: list[ABPair], offs, ons, *, arms: int, iters: int, title: str) -> tuple[list, dict]:
+    """The interleaved arms over `pairs`, each arm a fresh run driver with its environment, on a
+    progress bar: the records and the A/B document (ab_document)."""
+    def make_runner(environ):  # one driver per arm, with that arm's environment
+        return Driver(sp, device, Options(timing=sp.timing, time_it=True, traceback=STATE["verbose"]),
+                      environ=environ)
+
+    with Bar(title, arms * iters * len(pairs)) as bar:
+        def step(a, side, i, p):
+            if a or i or p is not pairs[0]:
+                bar.advance()
+            bar.note(f"arm {a + 1} {side} i{i + 1} {p.text}")
+
+        records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step,
+                           environ=os.environ)
+        bar.advance()
+    return records, ab_document(offs, ons, arms=arms, iters=iters, layers=sp.model.get("moe_layers"), pairs=pairs)
 
 
 def print_ab_plan(sp, pairs: list[ABPair], offs, ons, *, arms: int, iters: int, markdown: bool = False) -> None:
@@ -102,37 +146,16 @@ def print_ab_plan(sp, pairs: list[ABPair], offs, ons, *, arms: int, iters: int, 
                    + (f"x {layers} MoE layers ({sp.model_name})" if layers else "none (no moe_layers in the model)"))
 
 
-def ab_device():
-    """The CUDA device an A/B times on (BackendError without one)."""
-    return cuda_device("ab", "run it on a GPU machine, or pass --dry-run for the plan")
-
-
-def run_ab(sp, device, pairs: list[ABPair], offs, ons, *, arms: int, iters: int, quick: bool, out_dir: Path,
-           stem: str) -> tuple[Path, str]:
-    """Run the arms under the output's lock and write the results JSON and the page; returns the
-    folder written to and the page."""
-    dest = writable_dir(out_dir / device.slug, "--out")
-
-    def make_runner(environ):  # one driver per arm, with that arm's environment
-        return Driver(sp, device, Options(timing=sp.timing, time_it=True, traceback=STATE["verbose"]),
-                      environ=environ)
-
+def run_ab(sp, device, dest: Path, stem: str, pairs: list[ABPair], offs, ons, *, arms: int, iters: int,
+           quick: bool) -> str:
+    """Run the arms under the output's lock and write the results JSON and the page; returns the page."""
     with OutputLock(dest, stem):  # held until the files are written
-        with Bar(f"{sp.name} A/B", arms * iters * len(pairs)) as bar:
-            def step(a, side, i, p):
-                if a or i or p is not pairs[0]:
-                    bar.advance()
-                bar.note(f"arm {a + 1} {side} i{i + 1} {p.text}")
-
-            records = run_arms(pairs, offs, ons, arms=arms, iters=iters, make_runner=make_runner, on_step=step,
-                               environ=os.environ)
-            bar.advance()
-        doc = ab_document(offs, ons, arms=arms, iters=iters, layers=sp.model.get("moe_layers"), pairs=pairs)
+        records, doc = timed_arms(sp, device, pairs, offs, ons, arms=arms, iters=iters, title=f"{sp.name} A/B")
         prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": doc})
         atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
         md = ab_page(sp, device.name, offs, ons, arms=arms, iters=iters, pairs=pairs, records=records)
         atomic_write_text(dest / f"{stem}.md", md)
-    return dest, md
+    return md
 
 
 def print_ab_results(pairs: list[ABPair], md: str, dest: Path, stem: str) -> None:
@@ -262,7 +285,7 @@ def recommend(
     fam = builtin_family(records[0].family)  # a reader never imports a plugin
     if emit is not None or check or output is not None or variant is not None:
         raise typer.Exit(_emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric, force))
-    ov, cfg, grp = recommend_keys(records, fam, _csv(over), _csv(by))
+    ov, cfg, grp = recommend_keys(records, fam, comma_list(over), comma_list(by))
     recs = regret_table(records, ov, cfg, grp, metric=metric, weights_text=weights)
     name = prov.get("sweep") or Path(results).stem
     dev = (prov.get("device") or {}).get("name")
@@ -281,13 +304,13 @@ def _emit(results, prov, records, fam, emit, output, variant, check, over, weigh
                          "--output, --variant and --check go with --emit env|json")
     if output is not None:
         output_file(output, inputs=[results], force=force)
-    decisions = decide(records, fam, over=_csv(over), weights_text=weights, variant=variant, metric=metric,
+    decisions = decide(records, fam, over=comma_list(over), weights_text=weights, variant=variant, metric=metric,
                        noise=file_noise(prov, records, None if str(results).startswith("ref:") else Path(results)))
     checked = _check_emitted(results, prov, records, fam, decisions) if check else None
     doc = emit_document(decisions, prov, str(results), checked)
     text = env_text(doc) if emit == "env" else json.dumps(doc, indent=1, default=str) + "\n"
     if output is None:
-        out.print(text, markup=False, highlight=False, soft_wrap=True, end="")
+        out.print(text, highlight=False, soft_wrap=True, end="")
     else:
         atomic_write_text(output, text)
         for d in decisions:
@@ -348,8 +371,7 @@ def plot(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="PNG to write (default: out/FOLDER/NAME.png "
                                           "for RESULTS FOLDER/NAME.json, never beside a committed results file)."),
     force: bool = typer.Option(False, "--force", help="Replace the PNG if it exists."),
-    reference: Optional[str] = typer.Option(None, "--reference", help="A published table to draw beside the "
-                                            "measurement, dashed: " + ", ".join(reference_names()) + "."),
+    reference: Optional[str] = REFERENCE_OPT,
     x: Optional[str] = typer.Option(None, "--x", help="Parameter on the (log2) x axis (default by family: "
                                     "block_size for count, grid_cap for act)."),
     series: Optional[str] = typer.Option(None, "--series", help="One line per value of this parameter (default "
@@ -407,12 +429,6 @@ def _compare_rows(rep) -> tuple[list[str], list[list]]:
                      f"{100 * r.noise:.2f}" if r.noise is not None else "—",
                      Text(r.verdict, colour.get(r.verdict, "")), *cyc, r.note])
     return head, rows
-
-
-def _csv(text: str | None) -> list[str] | None:
-    if not text:
-        return None
-    return [s.strip() for s in text.split(",") if s.strip()] or None
 
 
 def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:

@@ -26,10 +26,9 @@ from moebench import startup
 from moebench.analysis import metric_of
 from moebench.core import interpret as interpreter
 from moebench.core import device as devices
-from moebench.core.device import detect, require_triton, want_interpreter
 from moebench.core.stats import median
 from moebench.core.text import md_table, ordered, printable
-from moebench.errors import BackendError, UsageError
+from moebench.errors import BackendError, ExitCode, UsageError
 from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, STATUS_MARK, page_metric, pivot_rows, pivots
 from moebench.sources import plugins, upstream
 
@@ -65,43 +64,38 @@ def fit_consoles() -> None:
         c.width = PIPE_WIDTH if not c.is_terminal else None  # type: ignore[assignment]
 
 
-def backend(interpret: bool) -> bool:
+def backend(interpret: bool, what: str = "", then: str | None = None) -> bool:
     """Set up the backend a run's kernels need and say whether it is the interpreter (--interpret,
     TRITON_INTERPRET=1, or no CUDA device): torch and triton imported, and under the interpreter
-    TRITON_INTERPRET set before any kernel module (a plugin's too) is imported."""
+    TRITON_INTERPRET set before any kernel module (a plugin's too) is imported. With `then`, a
+    command (`what`) that needs timings: the interpreter is a BackendError saying what to do."""
+    named = f"{what}: " if what else ""
     try:
         import torch  # noqa: F401 - every backend needs it: imported here, in the wall table's backend row
 
-        use_interp = want_interpreter(interpret)
+        use_interp = devices.want_interpreter(interpret)
     except ImportError as e:  # torch is not installed in this Python
-        raise BackendError(f"{e.name or 'torch'} is not importable here; `make install` sets up .venv with "
+        raise BackendError(f"{named}{e.name or 'torch'} is not importable here; `make install` sets up .venv with "
                            "it") from None
+    if use_interp and then is not None:
+        raise BackendError(f"{named}no CUDA device is visible (the Triton interpreter on the CPU checks correctness "
+                           f"only, and this needs timings); {then}")
     if use_interp:
         interpreter.enable()
-    require_triton()
+    devices.require_triton()
     return use_interp
 
 
-def select_backend(interpret: bool):
-    """The device a run uses: the CUDA device, or the Triton interpreter on the CPU."""
-    use_interp = backend(interpret)
+def select_backend(interpret: bool, what: str = "", then: str | None = None):
+    """The device a run uses: the CUDA device, or the Triton interpreter on the CPU (`backend`)."""
+    use_interp = backend(interpret, what, then)
     with startup.phase("device (CUDA init, properties, NVML)"):
-        return detect(use_interp)
+        return devices.detect(use_interp)
 
 
 def cuda_device(what: str, then: str):
     """The CUDA device that `what` times on; a BackendError saying what to do (`then`) without one."""
-    try:
-        interp = devices.want_interpreter(False)
-    except ImportError as e:
-        raise BackendError(f"{what}: {e.name or 'torch'} is not importable here; `make install` sets up .venv with "
-                           "it") from None
-    if interp:
-        raise BackendError(f"{what}: no CUDA device is visible (the Triton interpreter on the CPU checks correctness "
-                           f"only, and this needs timings); {then}")
-    devices.require_triton()
-    with startup.phase("device (CUDA init, properties, NVML)"):
-        return devices.detect(False)
+    return select_backend(False, what, then)
 
 
 class Signalled(KeyboardInterrupt):
@@ -189,15 +183,14 @@ def print_pivot(title: str, t, metric: str, corner: str, markdown: bool = False)
                left=(corner,))
 
 
-# More pivot tables than this print as one summary; the results page holds them all (combine-lds
-# alone is six tables and 224 lines).
+# More pivot tables than this print as one summary; the results page holds them all.
 MAX_CONSOLE_TABLES = 4
 
 
-def print_pivots(spec, records, metric: str | None = None, page: Path | None = None) -> None:
+def print_pivots(spec, records, page: Path | None = None) -> None:
     """The spec's pivots as terminal tables; past MAX_CONSOLE_TABLES, a summary that points to the page."""
     pv = spec.pivot
-    metric = metric or page_metric(spec, records)
+    metric = page_metric(spec, records)
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
     tables = pivots(records, rows, cols, metric, list(spec.family.params))
     if len(tables) <= MAX_CONSOLE_TABLES:
@@ -293,7 +286,7 @@ class Bar:
             eta = f", ETA {elapsed / self.done * (self.total - self.done):.0f} s"
         err.print(f"{self.description}: {self.done}/{self.total} done, {elapsed:.0f} s{eta}"
                   + (f"; now {self.item}" if self.item and self.done < self.total else ""),
-                  markup=False, highlight=False, soft_wrap=True)
+                  highlight=False, soft_wrap=True)
 
 
 def print_failures(records, vary=()) -> None:
@@ -306,14 +299,24 @@ def print_failures(records, vary=()) -> None:
             key = (r.label, r.error.splitlines()[0] if r.error else "")
             missing[key] = missing.get(key, 0) + 1
     for (label, why), n in missing.items():
-        err.print(f"unavailable: {n} case{'s' if n != 1 else ''} of {label}: {why}", markup=False, highlight=False,
-                  soft_wrap=True)
+        err.print(f"unavailable: {n} case{'s' if n != 1 else ''} of {label}: {why}", highlight=False, soft_wrap=True)
     for r in records:
         if r.status not in ("ok", "unavailable"):
             shown = ", ".join(f"{k}={v}" for k, v in r.params.items() if k in vary and v is not None)
             err.print(f"{r.status}: {r.case_id} {r.label}" + (f" [{shown}]" if shown else "")
-                      + f": {r.error.splitlines()[0] if r.error else ''}", markup=False, highlight=False,
-                      soft_wrap=True)
+                      + f": {r.error.splitlines()[0] if r.error else ''}", highlight=False, soft_wrap=True)
+
+
+def exit_code(records, complete: bool = True) -> int:
+    """A command's exit code from its records: 1 when a case failed (a record neither ok nor
+    unavailable) or the records are not complete, else 0."""
+    failed = not complete or any(r.status not in ("ok", "unavailable") for r in records)
+    return ExitCode.CASE_FAILED if failed else ExitCode.OK
+
+
+def comma_list(text: str | None) -> list[str]:
+    """The items of a comma list (`a, b,,c` -> a, b, c): stripped, empty ones left out."""
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
 
 
 # Options of the commands that print tables (show, compare, recommend, ab): markdown to paste into a PR.
@@ -334,7 +337,7 @@ FOREIGN_OPT = typer.Option(False, "--allow-foreign-model", help="Use a --noise m
 def print_markdown(text: str) -> None:
     """Markdown on stdout as written: never wrapped (a wrapped row is no longer a table row), no
     highlighting."""
-    out.print(text, markup=False, highlight=False, soft_wrap=True)
+    out.print(text, highlight=False, soft_wrap=True)
 
 
 def print_rows(title: str, head: list[str], rows: list[list], markdown: bool, *, left=()) -> None:

@@ -29,8 +29,8 @@ from moebench.report.sweep import frame, pivots, sweep_markdown
 from moebench.sources import upstream
 
 app = typer.Typer()
-REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to print beside the measurement: "
-                             + ", ".join(reference_names()) + ".")
+REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to set beside the measurement (a plot "
+                             "draws it dashed): " + ", ".join(reference_names()) + ".")
 
 
 @app.command(short_help="Check specs without running anything.")
@@ -55,7 +55,7 @@ def list_(
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
     try_import: bool = typer.Option(False, "--import", help="Import each upstream kernel (needs torch; megatron-core "
-                                    "takes ~15 s) instead of only finding it in the source."),
+                                    "is slow to import) instead of only finding it in the source."),
 ):
     """Families, variants (with where each comes from), upstream kernels, built-in sweeps, model
     configs and the shipped reference tables; with FAMILY, every parameter a builder of that family
@@ -197,7 +197,7 @@ def show(
 
 def _beside_reference(results: Path, records: list, reference: str, rows: str, cols: str, metric: str):
     """show --reference: the published table and the pivots that set the measurement beside it."""
-    from moebench.report.reference import beside_reference  # pandas
+    from moebench.report.sweep import beside_reference  # pandas
 
     ref = load_reference(reference)
     if ref.family != records[0].family:
@@ -234,7 +234,7 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
     md = sweep_markdown(spec, records, prov)
     atomic_write_text(dest, page_text(md, prov, len(records)))
-    out.print(f"Wrote {dest}", markup=False, highlight=False)
+    out.print(f"Wrote {dest}", highlight=False)
 
 
 @app.command(short_help="The GPU, its clocks, copy ceilings, empty-kernel floor.")

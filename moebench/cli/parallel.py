@@ -11,9 +11,10 @@ from typing import Optional
 
 import typer
 
-from moebench.cli.common import err, out, print_failures
+from moebench.cli.common import err, exit_code, out, print_failures
+from moebench.cli.run import FORMAT_OPT
 from moebench.core.store import OutputLock, ResultsWriter, check_formats, output_file, writable_dir
-from moebench.errors import ExitCode, UsageError
+from moebench.errors import UsageError
 from moebench.parallel.merge import merge_results
 from moebench.parallel.shards import unshard_stem
 from moebench.report.sweep import sweep_markdown, verdict_line
@@ -42,7 +43,7 @@ def merge(
     output: Optional[str] = typer.Option(None, "-o", "--out", help="Where to write: a directory (one that exists, "
                                          "or a path ending in /), or a path without suffix (default: beside the "
                                          "first file, without .shardIofN)."),
-    formats: str = typer.Option("csv,json,md", "--format", help="Comma list of csv,json,md,parquet."),
+    formats: str = FORMAT_OPT,
     force: bool = typer.Option(False, "--force", help="Replace results files that hold more records than the merge."),
 ):
     """Merge shard results into one file, from the files alone (no spec file is read and no plugin
@@ -76,8 +77,7 @@ def merge(
     out.print(merged_line(m, prov, host_only), style="bold", highlight=False, soft_wrap=True)
     print_failures(m.records)
     out.print("Wrote " + ", ".join(str(p) for p in paths))
-    raise typer.Exit(ExitCode.OK if m.complete and all(r.status in ("ok", "unavailable") for r in m.records)
-                     else ExitCode.CASE_FAILED)
+    raise typer.Exit(exit_code(m.records, m.complete))
 
 
 def merged_line(m, prov: dict, host_only: bool) -> str:

@@ -20,11 +20,12 @@ from typing import Optional
 import typer
 
 from moebench.analysis import results_json_layout
-from moebench.analysis.ab import (OFF, ON, Setting, ab_document, ab_pairs, arm_environ, arm_order, check_ab,
-                                  check_arm_environments, parse_setting, run_arms, timer_text)
+from moebench.analysis.ab import OFF, ON, Setting, ab_pairs, arm_environ, arm_order, parse_setting, timer_text
 from moebench.analysis.recommend import parse_weights
-from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out, print_failures,
-                                 print_markdown, select_backend, use_sources)
+from moebench.cli.analysis import ARMS, ARMS_OPT, ITERS_OPT, ab_outputs, ab_setup, timed_arms
+from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, comma_list, exit_code, out,
+                                 print_failures, print_markdown, select_backend, use_sources)
+from moebench.cli.run import SPEC_ARG
 from moebench.core import counters, device as devices
 from moebench.core.baseline import launch_layers
 from moebench.core.cases import expand
@@ -32,14 +33,13 @@ from moebench.core.driver import Driver, Finished, Summary
 from moebench.core.pipeline import Options
 from moebench.core.provenance import provenance, variant_code
 from moebench.core.spec import PACKAGE_ROOT, load_spec
-from moebench.core.store import OutputLock, atomic_write_text, output_file, writable_dir
-from moebench.errors import ExitCode, SpecError, UsageError
+from moebench.core.store import OutputLock, atomic_write_text
+from moebench.errors import SpecError, UsageError
 from moebench.report.pr import SECTIONS, TIMED, build
 from moebench.sources import arms, upstream
 
 app = typer.Typer()
 
-ARMS = "The arms"
 LAYER_SPECS = {"count": "layer-count", "act": "layer-act"}  # the layer names a family's parameters FAMILY_PARAM
 PER_ARM = ("plugin", "megatron_lm")  # an arm's own kernel source
 PLACEMENT_GROUPS = 16  # the per-placement range: this many timer groups of one placement each
@@ -47,7 +47,7 @@ PLACEMENT_GROUPS = 16  # the per-placement range: this many timer groups of one 
 
 @app.command(short_help="The performance section of a kernel PR: two versions, every section, one page.")
 def pr(
-    spec: str = typer.Argument(..., help="Sweep name (sweeps/NAME.yaml) or path to a spec file."),
+    spec: str = SPEC_ARG,
     off: Optional[list[str]] = typer.Option(None, "--off", rich_help_panel=ARMS, help="KEY=VAL of the control arm "
                                             "(repeatable): a spec parameter, variant=NAME, a kill switch (NAME=VAL, "
                                             "env:NAME=VAL), or its kernel source: plugin=FILE.py, megatron_lm=PATH."),
@@ -58,8 +58,8 @@ def pr(
                                                  "spec's first)."),
     weights: Optional[str] = typer.Option(None, "--weights", rich_help_panel=ARMS, help="The workload mix the kill "
                                           "switch is judged over, e.g. 256=0.7,16384=0.3."),
-    n_arms: int = typer.Option(4, "--arms", rich_help_panel=ARMS, help="Arms in total, alternating OFF/ON (even)."),
-    iters: int = typer.Option(5, "--iters", rich_help_panel=ARMS, help="Timed measurements per arm and case (>= 2)."),
+    n_arms: int = ARMS_OPT,
+    iters: int = ITERS_OPT,
     quick: bool = typer.Option(False, "--quick", help="Use the spec's quick shapes (and the layer's)."),
     sections: Optional[str] = typer.Option(None, "--sections", help="Comma list of the sections to measure and "
                                            "write: " + ", ".join(SECTIONS) + " (default: all)."),
@@ -74,22 +74,12 @@ def pr(
     kill switch, scope and risks, protocol. On a CPU (the Triton interpreter) it writes the sections
     that need no timings. Exit 1 when a case failed."""
     use_sources(plugin, megatron_lm, interpret=False)
-    sp = load_spec(spec)
-    if sp.family.host_only:
-        raise UsageError(f"family {sp.family.name!r} is evaluated on the host: there is nothing to time")
     want = parse_sections(sections)
-    offs, ons = arm_settings(sp, off, OFF), arm_settings(sp, on, ON)
-    check_ab(offs, ons, arms=n_arms, iters=iters)
-    pairs, notes = ab_pairs(sp, expand(sp, quick=quick), offs, ons)
-    for n in notes:
-        err.print(n, style="yellow", highlight=False)
+    sp, offs, ons, pairs = ab_setup(spec, off, on, arms=n_arms, iters=iters, quick=quick, settings=arm_settings)
     focus = decision_pairs(sp, pairs, decision, weights)
     timed, device = not devices.want_interpreter(False), select_backend(False)
-    check_arm_environments(sp, pairs, offs, ons, device, os.environ)
     run = Run(sp, device, offs, ons, timed=timed, quick=quick, n_arms=n_arms, iters=iters)
-    dest, stem = writable_dir(out_dir / device.slug, "--out"), f"{sp.name}-pr" + ("-quick" if quick else "")
-    for suffix in ("json", "md"):  # an earlier page (another pair of arms) is not replaced unasked
-        output_file(dest / f"{stem}.{suffix}", force=force, option="--out")
+    dest, stem = ab_outputs(sp, pairs, offs, ons, device, out_dir=out_dir, kind="pr", quick=quick, force=force)
     with OutputLock(dest, stem):
         doc = run.document(spec, pairs, focus, want, weights, off or [], on or [])
         nums, md = build(doc, run.records, want)
@@ -100,12 +90,11 @@ def pr(
         print_markdown(md if markdown else md.split("### Summary\n\n", 1)[1].split("\n", 1)[0])
     out.print(f"Wrote {dest / stem}.md, {dest / stem}.json", highlight=False)
     print_failures(run.records)
-    raise typer.Exit(ExitCode.CASE_FAILED if any(r.status not in ("ok", "unavailable") for r in run.records)
-                     else ExitCode.OK)
+    raise typer.Exit(exit_code(run.records))
 
 
 def parse_sections(text: str | None) -> list[str]:
-    want = [s.strip() for s in (text or ",".join(SECTIONS)).split(",") if s.strip()]
+    want = comma_list(text) if text else list(SECTIONS)
     bad = [s for s in want if s not in SECTIONS]
     if bad or not want:
         raise UsageError(f"--sections: unknown {', '.join(map(repr, bad)) or 'empty list'}; expected a comma list "
@@ -206,13 +195,11 @@ class Run:
         self.tag(summary.records, run, side)
 
     def ab(self, spec, pairs: list, offs, ons, run: str) -> dict:
-        """`ab`'s interleaved arms over `pairs`, each arm a fresh run driver with its environment."""
-        with Bar(f"{self.spec.name} pr: {run} arms", self.n_arms * self.iters * len(pairs)) as bar:
-            self.tag(run_arms(pairs, offs, ons, arms=self.n_arms, iters=self.iters, on_step=lambda *_: bar.advance(),
-                              make_runner=lambda env: Driver(spec, self.device, self.options(spec.timing), environ=env),
-                              environ=os.environ), run)
-        return {"spec": spec.name, **ab_document(offs, ons, arms=self.n_arms, iters=self.iters,
-                                                 layers=spec.model.get("moe_layers"), pairs=pairs)}
+        """`ab`'s interleaved arms over `pairs` (timed_arms)."""
+        records, doc = timed_arms(spec, self.device, pairs, offs, ons, arms=self.n_arms, iters=self.iters,
+                                  title=f"{self.spec.name} pr: {run} arms")
+        self.tag(records, run)
+        return {"spec": spec.name, **doc}
 
     def correctness(self) -> dict:
         """The verify matrix (or, without one, the spec's cases), both arms, untimed. The OFF launch

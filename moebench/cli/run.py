@@ -13,7 +13,7 @@ import typer
 from rich.text import Text
 
 from moebench import startup
-from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, err, out,
+from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, comma_list, err, exit_code, out,
                                  print_failures, print_pivots, print_rows, print_timings, raise_pending, select_backend,
                                  in_run, use_sources)
 from moebench.core.cases import expand, varying_params
@@ -34,7 +34,7 @@ from moebench.report.sweep import sweep_markdown, verdict_line
 app = typer.Typer()
 
 # Under the interpreter a case that takes longer than this is a shape too big for the CPU (or a grid
-# of a million programs, run one at a time): the slowest built-in verify case takes ~2 s there.
+# of a million programs, run one at a time).
 CASE_LIMIT_S = 120.0
 # The largest limit the interval timer takes on every platform (1e10 s overflows time_t in setitimer): ~11 days.
 CASE_LIMIT_MAX_S = 1e6
@@ -130,7 +130,7 @@ def where(p: Plan, a: Args) -> Where:
         with startup.phase("noise model"):
             chosen = apply_noise(spec, device)
         if timed and chosen.note:
-            err.print(f"note: noise model: {chosen.note}", markup=False, highlight=False, soft_wrap=True)
+            err.print(f"note: noise model: {chosen.note}", highlight=False, soft_wrap=True)
     return Where(device, timed, tuple(fmts), gpus, dict(os.environ), time_it and not timed, chosen, passes)
 
 
@@ -215,7 +215,7 @@ def previous(dest: Path, stem: str, keys: dict, settings: dict, *, resume: bool,
         return {}
     found = previous_records(dest, stem, keys, settings)
     if resume:
-        err.print(found.summary(n_cases), markup=False, highlight=False, soft_wrap=True)
+        err.print(found.summary(n_cases), highlight=False, soft_wrap=True)
         return found.kept
     if found.kept:
         err.print(f"note: {stream_path(dest, stem)} holds {len(found.kept)} finished records of an earlier "
@@ -271,7 +271,7 @@ def finish(p: Plan, w: Where, a: Args, records: list, summary, written) -> int:
             page = next((x for x in written.paths if x.suffix == ".md"), None)
             print_pivots(spec, records, page=page)
         line = verdict_line(records, host_only)
-        note = "" if w.timed or host_only or w.device.backend == "cuda" else "  (interpreter run: no timings)"
+        note = "" if host_only or w.device.backend == "cuda" else "  (interpreter run: no timings)"
         out.print(Text.assemble((f"{spec.name}{' verify' if p.verify else ''}: {line}", "bold"), note))
         if w.device.backend == "interpret":
             out.print(f"Interpreter: {summary.jit_specializations} kernel specializations, {summary.compile_s:.1f} s "
@@ -284,12 +284,11 @@ def finish(p: Plan, w: Where, a: Args, records: list, summary, written) -> int:
         if "counters" in a.cross:
             missing = counters_note(records)
             if missing:
-                err.print(missing, style="yellow", markup=False, highlight=False, soft_wrap=True)
+                err.print(missing, style="yellow", highlight=False, soft_wrap=True)
         out.print("Wrote " + ", ".join(str(x) for x in written.paths))
     if STATE["timings"]:
         print_timings()
-    failed = any(r.status not in ("ok", "unavailable") for r in records)
-    return ExitCode.CASE_FAILED if failed else ExitCode.OK
+    return exit_code(records)
 
 
 # The panels of `sweep --help` (and `verify --help`).
@@ -363,8 +362,7 @@ def sweep(
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)
-    cross = tuple(dict.fromkeys([c.strip() for c in (cross_check or "").split(",") if c.strip()]
-                                + (["counters"] if counters else [])))
+    cross = tuple(dict.fromkeys(comma_list(cross_check) + (["counters"] if counters else [])))
     raise typer.Exit(execute(p, Args(out_dir, interpret, formats, resume, force, cross, devices, case_limit, isolate)))
 
 

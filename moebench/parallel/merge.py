@@ -120,12 +120,11 @@ def merge_results(paths: Sequence[Path]) -> Merged:
         order = {cid: i for i, cid in enumerate(cmap)}
         m.missing_cases = sum(1 for cid in order if cid not in records)
     else:
-        m.notes.append("the files do not list the spec's cases (provenance.cases; written by an older moebench): "
+        m.notes.append("the files do not list the spec's cases (provenance.cases): "
                        "kept the files' record order, coverage checked by shard numbers only; no recomputed "
                        "baseline deltas")
-    first_seen = {cid: i for i, cid in enumerate(records)}
-    m.records = sorted(records.values(),
-                       key=lambda r: (order.get(r.case_id, len(order)), first_seen[r.case_id]))
+    # a stable sort: records the matrix does not order keep the files' order
+    m.records = sorted(records.values(), key=lambda r: order.get(r.case_id, len(order)))
     if cmap is not None:
         # a shape's baseline may have run in another shard
         add_deltas(m.records, cmap, m.spec.model.get("moe_layers"), m.spec.family)

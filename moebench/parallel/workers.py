@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -141,7 +141,6 @@ class _Worker:
     key: str = ""
     since: float = 0.0  # when it was handed the case it holds (time.monotonic)
     killed: str | None = None  # why the parent killed it (a case past the limit)
-    notes: list[str] = field(default_factory=list)
 
 
 def _run_workers(spec: Spec, cases: Sequence[Case], worker_keys: Sequence[str], interpret: bool, *,
@@ -163,8 +162,6 @@ def _run_workers(spec: Spec, cases: Sequence[Case], worker_keys: Sequence[str], 
     """
     if not cases:
         return
-    if not worker_keys:
-        raise UsageError("--devices: no devices to run on")
     labels = list(labels) if labels is not None else [f"{'CPU' if interpret else 'GPU'} {k}" for k in worker_keys]
     by_id = {c.id: c for c in cases}
     pending = deque(c.id for c in cases)
@@ -295,18 +292,16 @@ def _run_workers(spec: Spec, cases: Sequence[Case], worker_keys: Sequence[str], 
                     print(f"warning: worker on {w.label} stopped {when}: {why}", file=sys.stderr)
             # a worker that never got to say "ready" cannot be handed work, so all gone = all done
         if pending:
+            why = "; ".join(f"{w.label}: {w.fatal or _exit_text(w.proc.exitcode)}" for w in workers)
             if not any(w.started for w in workers):
-                raise BackendError("no worker started: " + "; ".join(
-                    f"{w.label}: {w.fatal or _exit_text(w.proc.exitcode)}" for w in workers))
-            why = "not run: every worker exited first (" + "; ".join(
-                f"{w.label}: {w.fatal or _exit_text(w.proc.exitcode)}" for w in workers) + ")"
+                raise BackendError(f"no worker started: {why}")
             while pending:
-                yield dead_record(pending.popleft(), why)
+                yield dead_record(pending.popleft(), f"not run: every worker exited first ({why})")
     finally:
         _shut_down(workers)
 
 
-# What a worker under the interpreter imports before its first case (about 2 s on a CPU core).
+# What a worker under the interpreter imports before its first case.
 WARM = ("torch", "triton")
 
 

@@ -5,8 +5,7 @@ a record of one of the moebench variants it names as its twins (the seed baselin
 mechanism, written here) from the same run, with the same shape and the same launch (every
 numeric launch value equal: block, warps, grid or NUM_BLOCKS, ...). Both were timed
 by the same timer over the same buffer rotation, so their ratio says whether the two kernels are
-the same mechanism: within the family's `twin_tolerance` (count 5%, where counter placement alone
-moves the kernel by 20-40% between allocations; activation 3%) they are. Each side was checked
+the same mechanism: within the family's `twin_tolerance` they are. Each side was checked
 with torch.equal against the sweep's baseline launch, so both being equal to it makes the pair
 bit-exact with each other.
 
@@ -19,8 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from moebench.analysis.pages import builtin_family
 from moebench.core.records import Record
-from moebench.core.family import catalogue
 from moebench.core.text import md_table, num, printable, varying
 
 
@@ -57,12 +56,12 @@ def _launch_key(rec: Record) -> tuple:
 
 def twins(records: Sequence[Record]) -> list[Twin]:
     """Every (seed variant, its upstream twin) pair of ok records with equal shape and launch, in
-    record order."""
-    cat = catalogue()
+    record order. Families are the built-in ones: a reader never imports a plugin."""
+    cat: dict = {}
     ours: dict[tuple, list[Record]] = {}
     theirs = []
     for r in records:
-        fam = cat.get(r.family)
+        fam = cat[r.family] if r.family in cat else cat.setdefault(r.family, builtin_family(r.family))
         v = fam.variants.get(r.variant) if fam is not None else None
         if v is None or r.status != "ok":
             continue

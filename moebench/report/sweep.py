@@ -6,16 +6,17 @@ table is pivoted, so that the commands that only print a verdict start without i
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from moebench.analysis import params_text
+from moebench.analysis import metric_of, params_text, value_of
+from moebench.analysis.reference import Reference
 from moebench.core.noise import page_line
 from moebench.core.records import Record
 from moebench.core.text import md_table, ordered, printable, varying
 from moebench.report.conformance import section as twins_section
 from moebench.report.counters import section as counters_section  # records with cross.counters
 from moebench.report.sections import sweep_section
+from moebench.report.sections.layer import ratio
 from moebench.report.ties import NOT_TAKEN, _label, full_labels
 
 STATUS_MARK = {"mismatch": "✗ mismatch", "error": "✗ error", "unavailable": "n/a"}
@@ -151,24 +152,37 @@ def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> s
     return md_table(*pivot_rows(t, metric, corner))
 
 
+def beside_reference(records: list[Record], ref: Reference, rows: str, cols: str, metric: str,
+                     param_names: list[str]) -> list[tuple[str, str, Any]]:
+    """For `show --reference`: (kind, title, table) for each measured pivot ("measured"), the
+    reference over the same rows and columns ("reference"), and measured / reference ("ratio").
+    Cells are matched on the (rows, cols) values alone; other parameters are whatever each side
+    held fixed. Pivots with no reference cell at all are left out."""
+    import pandas as pd
+
+    ref_cells = {(value_of(r, rows), value_of(r, cols)): metric_of(r, metric) for r in ref.records}
+    out = []
+    for title, t in pivots(records, rows, cols, metric, param_names):
+        def row_val(key):
+            return key[-1] if isinstance(key, tuple) else key
+
+        ref_t = pd.DataFrame([[ref_cells.get((row_val(k), c)) for c in t.columns] for k in t.index],
+                             index=t.index, columns=t.columns)
+        ratios = pd.DataFrame([[ratio(t.loc[k, c], ref_t.loc[k, c]) for c in t.columns] for k in t.index],
+                              index=t.index, columns=t.columns)
+        if ref_t.isna().all().all():
+            continue
+        pre = f"{title}, " if title else ""
+        out += [("measured", title, t), ("reference", f"{pre}{ref.label}", ref_t),
+                ("ratio", f"{pre}measured ÷ {ref.label}", ratios)]
+    return out
+
+
 def page_metric(spec, records: list[Record]) -> str:
     """What a page's pivots show: the spec's metric where a case was timed (or where no kernel runs:
     a host-only family), else ref_check, the correctness check."""
     timed = spec.family.host_only or any(r.timing.get("median_us") is not None for r in records)
     return spec.pivot.get("metric", "median_us") if timed else "ref_check"
-
-
-def verdict(records: list[Record]) -> dict[str, int]:
-    n = len(records)
-    checked = [r for r in records if r.status in ("ok", "mismatch")]
-    return {
-        "cases": n,
-        "exact": sum(1 for r in checked if r.status == "ok"),
-        "mismatch": sum(1 for r in records if r.status == "mismatch"),
-        "error": sum(1 for r in records if r.status == "error"),
-        "unavailable": sum(1 for r in records if r.status == "unavailable"),
-        "checked": len(checked),
-    }
 
 
 def verdict_line(records: list[Record], host_only: bool = False) -> str:
@@ -177,15 +191,15 @@ def verdict_line(records: list[Record], host_only: bool = False) -> str:
     host-only family's cases are evaluated, not checked against a kernel."""
     if host_only:
         return f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases evaluated"
-    v = verdict(records)
+    v = {s: sum(r.status == s for r in records) for s in ("mismatch", "error", "unavailable")}
     ok = [r for r in records if r.status == "ok"]
     inexact = [r for r in ok if r.checks.get("ref_check", "exact") != "exact"]
-    ran = v["cases"] - v["unavailable"]
+    ran = len(records) - v["unavailable"]
     if inexact:
-        line = (f"{v['exact']}/{ran} pass (every launch torch.equal to the baseline launch; "
+        line = (f"{len(ok)}/{ran} pass (every launch torch.equal to the baseline launch; "
                 f"{len(ok) - len(inexact)} exact against torch, {len(inexact)} within the stated ulp bound)")
     else:
-        line = f"{v['exact']}/{ran} exact"
+        line = f"{len(ok)}/{ran} exact"
     if v["mismatch"]:
         line += f", {v['mismatch']} mismatched"
     if v["error"]:
@@ -195,10 +209,10 @@ def verdict_line(records: list[Record], host_only: bool = False) -> str:
     return line
 
 
-def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | None = None) -> str:
+def sweep_markdown(spec, records: list[Record], prov: dict) -> str:
     """The results page: what ran, where, the verdict, the PR-style tables and the floors."""
     pv = spec.pivot
-    metric = metric or page_metric(spec, records)
+    metric = page_metric(spec, records)
     dev = prov.get("device", {})
     c = prov.get("ceilings", {}) or {}
     out = [f"# {spec.name}", ""]
@@ -220,7 +234,7 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
                    f"MiB), driver {dev.get('driver')}, CUDA {dev.get('cuda')}, torch {dev.get('torch')}, "
                    f"triton {dev.get('triton')}")
     out += [f"- Command: `{prov.get('command')}`",
-            f"- Spec: `{_rel(prov.get('spec_path'))}` sha256 {str(prov.get('spec_sha256'))[:12]}, seed {prov.get('seed')}, "
+            f"- Spec: `{prov.get('spec_path')}` sha256 {str(prov.get('spec_sha256'))[:12]}, seed {prov.get('seed')}, "
             f"commit {prov.get('git_commit')}, {prov.get('timestamp')}"]
     if not host:
         out.append(f"- Correctness: **{verdict_line(records)}** (torch reference and `torch.equal` against the "
@@ -273,14 +287,6 @@ def sweep_markdown(spec, records: list[Record], prov: dict, *, metric: str | Non
                 for r in bad]
         out.append("")
     return "\n".join(out)
-
-
-def _rel(path) -> str:
-    """A spec path relative to the working directory when it is below it (results travel)."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, TypeError):
-        return str(path)
 
 
 def _baseline_text(spec) -> str:

@@ -45,8 +45,8 @@ def half_width(r: Record) -> float:
 def fastest(records: list[Record]) -> list[Record]:
     """The timed record with the least median_us first, then every other whose interval (median ±
     half_width) overlaps the fastest's, fastest first. More than one is a tie: the numbers do not
-    say which of them is faster (two bit-identical kernels land 3% apart), so a page names them
-    all instead of picking a winner inside the noise."""
+    say which of them is faster, so a page names them all instead of picking a winner inside the
+    noise."""
     timed = sorted((r for r in records if r.status == "ok" and r.timing.get("median_us") is not None),
                    key=lambda r: r.timing["median_us"])
     if not timed:

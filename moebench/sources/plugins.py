@@ -3,7 +3,7 @@ the same calls the built-in families use.
 
 Three ways in:
 
-- ``--plugin FILE.py`` (repeatable) on sweep, verify, validate, list and ab;
+- ``--plugin FILE.py`` (repeatable) on sweep, verify, validate, list, ab and pr;
 - a spec's ``plugins:`` list (paths relative to the spec file), so a spec carries its kernels;
 - the ``moebench.plugins`` entry-point group of an installed package (the entry point names a
   module; importing it registers).
@@ -86,24 +86,14 @@ def load_file(path: str | Path, where: str = "--plugin", suffix: str = "") -> Mo
     spec = importlib.util.spec_from_file_location(name, key)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    _CURRENT.append(f"plugin {key}")
-    _SUFFIX.append(suffix)
-    arrived: list = []
     try:
-        with _loading(limit, arrived):
+        with _loading(f"plugin {key}", suffix, limit, keep=MoebenchError):
             spec.loader.exec_module(module)
-    except MoebenchError:
+    except BaseException as e:
         del sys.modules[name]
+        if isinstance(e, _Failed):
+            raise UsageError(f"{where}: {path}{_line_of(e.__cause__, key)}: {e}") from None
         raise
-    except BaseException as e:  # noqa: BLE001 - any failure in a user's file is that file's error, one line
-        del sys.modules[name]
-        what = _what(e, limit, arrived)
-        if what is None:  # a real Ctrl-C or SIGTERM: the command's own business
-            raise
-        raise UsageError(f"{where}: {path}{_line_of(e, key)}: {what}") from None
-    finally:
-        _CURRENT.pop()
-        _SUFFIX.pop()
     _LOADED[key, suffix] = (module, digest)
     if suffix:
         return module
@@ -132,20 +122,12 @@ def load_installed() -> dict[str, str]:
         except UsageError as e:
             failed[f"plugin {p}"] = str(e)
     for ep in entry_points(group=GROUP):
-        _CURRENT.append(f"plugin {ep.value} (entry point {ep.name})")
-        _SUFFIX.append("")
-        arrived: list = []
+        source = f"plugin {ep.value} (entry point {ep.name})"
         try:
-            with _loading(import_limit(), arrived):
+            with _loading(source, "", import_limit()):
                 ep.load()
-        except BaseException as e:  # noqa: BLE001 - that plugin's error, one line
-            what = _what(e, import_limit(), arrived)
-            if what is None:
-                raise
-            failed[f"plugin {ep.value} (entry point {ep.name})"] = f"entry point {ep.name} = {ep.value} ({GROUP}): {what}"
-        finally:
-            _CURRENT.pop()
-            _SUFFIX.pop()
+        except _Failed as e:  # that plugin's error, one line
+            failed[source] = f"entry point {ep.name} = {ep.value} ({GROUP}): {e}"
     return failed
 
 
@@ -179,12 +161,32 @@ def _what(e: BaseException, limit: float, arrived: list) -> str | None:
     return f"{type(e).__name__}: {_first(e)}"
 
 
+class _Failed(Exception):
+    """What a plugin did wrong while it loaded (`_what`), raised from its exception."""
+
+
 @contextlib.contextmanager
-def _loading(limit: float, arrived: list):
-    """A plugin loading: its time limit, os._exit as an error (user_code), and a note in `arrived`
-    of any SIGINT or SIGTERM that really arrives meanwhile (the handler in force still runs)."""
-    with time_limit(limit, _TooLong), user_code(), _noting_signals(arrived):
-        yield
+def _loading(source: str, suffix: str, limit: float, keep=()):
+    """A plugin loading: what it registers is recorded as `source`, its variants named with
+    `suffix`; its time limit, os._exit as an error (user_code). Any failure but `keep` and an
+    interrupt that really arrived meanwhile (noted by _noting_signals; the handler in force still
+    runs) comes out as _Failed."""
+    _CURRENT.append(source)
+    _SUFFIX.append(suffix)
+    arrived: list = []
+    try:
+        with time_limit(limit, _TooLong), user_code(), _noting_signals(arrived):
+            yield
+    except keep:
+        raise
+    except BaseException as e:  # noqa: BLE001 - any failure in a user's file is that file's error, one line
+        what = _what(e, limit, arrived)
+        if what is None:  # a real Ctrl-C or SIGTERM: the command's own business
+            raise
+        raise _Failed(what) from e
+    finally:
+        _CURRENT.pop()
+        _SUFFIX.pop()
 
 
 @contextlib.contextmanager

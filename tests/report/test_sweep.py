@@ -169,3 +169,42 @@ def test_escape_sequences_in_a_results_file_reach_no_terminal_and_no_page(tmp_pa
         assert "\\x1b[2J" in out or cmd[0] == "render", cmd
     page = (tmp_path / "count-block.md").read_text()
     assert "\x1b" not in page and "\x9b" not in page and "\\x1b[2J" in page
+
+
+# ----------------------------------------------------------------------------- a plugin's results, read
+
+
+def _plugin_results(path, family: str) -> None:
+    recs = [Record("plug", family, f"c{t}", "v", "v", "ok", params={"tokens": t},
+                   checks={"ref_check": "exact", "baseline_equal": True}, timing={"median_us": 1.0 + t})
+            for t in (1, 2)]
+    prov = {"sweep": "plug", "page": {"family": family}, "device": {"name": "NVIDIA H200"}}
+    path.write_text(json.dumps({"provenance": prov, "records": [r.to_json() for r in recs]}))
+
+
+def test_render_pages_the_results_of_a_family_that_is_not_built_in(tmp_path, capsys):
+    res = tmp_path / "plug.json"
+    _plugin_results(res, "plugfam")
+    code, _, err = run_cli(["render", str(res)], capsys)
+    assert code == 0, err
+    page = res.with_suffix(".md").read_text()
+    assert "2/2 exact" in page and "## median_us" in page and "Work model" not in page
+
+
+def test_render_imports_no_plugin_of_moebench_plugins(tmp_path):
+    """The twin pairs of a page are looked up among the built-in families: $MOEBENCH_PLUGINS is not loaded."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    marker = tmp_path / "p-ran"
+    (tmp_path / "p.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    res = tmp_path / "cb.json"
+    _plugin_results(res, "count")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "MOEBENCH_PLUGINS": str(tmp_path / "p.py"), "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-m", "moebench", "render", str(res)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert res.with_suffix(".md").exists() and not marker.exists(), "render imported a plugin"

@@ -1,6 +1,6 @@
 """The act family's part of a sweep's results page (records only)."""
 
-from moebench.core.text import num
+from moebench.core.text import md_table, num
 from moebench.report.ties import TIE_NOTE, fastest, fastest_text
 
 # The seed's decode shape: 256 tokens x top-8 = 2048 live rows.
@@ -17,9 +17,7 @@ def markdown_sections(records) -> str:
     shapes: dict[tuple, list] = {}
     for r in timed:
         shapes.setdefault((r.params["op"], r.params["rows"], r.params["live_rows"]), []).append(r)
-    lines = ["## Which grid wins", "",
-             "| op | rows M | live rows | best | best µs | legacy µs | cap 8192 µs | cap 8192 vs legacy |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows = []
     verdicts = []
     ties = False
     for (op, m, live), rs in sorted(shapes.items()):
@@ -42,10 +40,11 @@ def markdown_sections(records) -> str:
                     f"the GB200 finding (cap 8192 beats 512 at decode) **{'holds' if holds else 'does not hold'}** "
                     f"on this device. " + (f"The fastest geometry there is {won} at {best.timing['median_us']:.2f} µs." if len(top)
                                                == 1 else f"The fastest geometries there are a {won} (µs)."))
-        lines.append(f"| {op} | {m} | {live} | {won} | {best.timing['median_us']:.2f} | "
-                     f"{leg.timing['median_us']:.2f} | " if leg else f"| {op} | {m} | {live} | {won} | "
-                     f"{best.timing['median_us']:.2f} | — | ")
-        lines[-1] += (f"{seed.timing['median_us']:.2f} | {ratio} |" if seed else "— | — |")
+        rows.append([op, m, live, won, f"{best.timing['median_us']:.2f}",
+                     f"{leg.timing['median_us']:.2f}" if leg else "—",
+                     f"{seed.timing['median_us']:.2f}" if seed else "—", ratio if seed else "—"])
+    lines = ["## Which grid wins", "", md_table(["op", "rows M", "live rows", "best", "best µs", "legacy µs",
+                                                  "cap 8192 µs", "cap 8192 vs legacy"], rows)]
     if ties:
         lines += ["", f"tie: {TIE_NOTE} best µs is the least median of them."]
     lines += [""] + (verdicts or ["- No decode-shape (2048 live rows) pair of cap 8192 and legacy in this run: "
@@ -64,20 +63,20 @@ def floors_and_occupancy(timed) -> str:
     argues from (bytes moved, floor, x floor, CTAs with work, % of the thread slots)."""
     out = ["## Floors and occupancy", "",
            "floor = bytes / copy ceiling (L2 when the rotation fits in L2, else DRAM); +empty = floor plus an "
-           "empty launch; occupancy = CTAs x threads over SMs x max threads per SM.", "",
-           "| variant | M | live | µs | MB moved | GB/s | floor µs (level) | × floor | × (floor+empty) | "
-           "CTAs | with work | threads/CTA | occupancy % | waves | Δ vs baseline µs | per step µs |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "empty launch; occupancy = CTAs x threads over SMs x max threads per SM.", ""]
+    rows = []
     for r in timed:
         w = r.work
-        label = _name(r)
         note = " ¹" if w.get("floor_note") else ""
-        out.append(
-            f"| {label} | {r.params['rows']} | {r.params['live_rows']} | {r.timing['median_us']:.2f} | "
-            f"{w.get('bytes', 0) / 1e6:.2f} | {w.get('gbps', 0):,.0f} | {num(w.get('floor_us'))} "
-            f"({w.get('floor_level', '—')}) | {num(w.get('x_floor'))}{note} | {num(w.get('x_floor_plus_empty'))} | "
-            f"{w.get('ctas')} | {w.get('ctas_with_work')} | {w.get('threads_per_cta')} | {w.get('occupancy_pct')} | "
-            f"{w.get('waves')} | {num(w.get('delta_us'), '+.2f')} | {num(w.get('per_step_delta_us'), '+.1f')} |")
+        rows.append([_name(r), r.params["rows"], r.params["live_rows"], f"{r.timing['median_us']:.2f}",
+                     f"{w.get('bytes', 0) / 1e6:.2f}", f"{w.get('gbps', 0):,.0f}",
+                     f"{num(w.get('floor_us'))} ({w.get('floor_level', '—')})", f"{num(w.get('x_floor'))}{note}",
+                     num(w.get("x_floor_plus_empty")), w.get("ctas"), w.get("ctas_with_work"),
+                     w.get("threads_per_cta"), w.get("occupancy_pct"), w.get("waves"), num(w.get("delta_us"), "+.2f"),
+                     num(w.get("per_step_delta_us"), "+.1f")])
+    out.append(md_table(["variant", "M", "live", "µs", "MB moved", "GB/s", "floor µs (level)", "× floor",
+                         "× (floor+empty)", "CTAs", "with work", "threads/CTA", "occupancy %", "waves",
+                         "Δ vs baseline µs", "per step µs"], rows))
     notes = sorted({r.work["floor_note"] for r in timed if r.work.get("floor_note")})
     if notes:
         out += ["", "¹ " + "; ".join(notes)]

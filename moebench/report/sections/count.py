@@ -1,6 +1,6 @@
 """The count family's part of a sweep's results page (records only)."""
 
-from moebench.core.text import num
+from moebench.core.text import md_table, num
 
 
 def markdown_sections(records) -> str:
@@ -12,16 +12,14 @@ def markdown_sections(records) -> str:
     out = ["## Against the empty-kernel floor", "",
            "empty = a no-op Triton kernel at grid = SM count (grid 1 for one-CTA launches), captured and replayed the "
            "same way; the count kernel "
-           "moves a few KB, so its bytes-moved floor is not a useful reference.", "",
-           "| variant | tokens | block | warps | µs | empty µs | over empty µs | × empty | CTAs | with work | "
-           "pairs/thread | Δ vs baseline µs | per step µs |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "moves a few KB, so its bytes-moved floor is not a useful reference.", ""]
+    rows = []
     for r in timed:
         w, g = r.work, r.launch
-
-        out.append(f"| {r.label} | {r.params['tokens']} | {g.get('block_size')} | {g.get('num_warps')} | "
-                   f"{r.timing['median_us']:.2f} | {num(w.get('empty_us'))} | {num(w.get('over_empty_us'))} | "
-                   f"{num(w.get('x_empty'))} | {w.get('ctas')} | {w.get('ctas_with_work')} | "
-                   f"{w.get('pairs_per_thread')} | {num(w.get('delta_us'), '+.2f')} | "
-                   f"{num(w.get('per_step_delta_us'), '+.1f')} |")
+        rows.append([r.label, r.params["tokens"], g.get("block_size"), g.get("num_warps"),
+                     f"{r.timing['median_us']:.2f}", num(w.get("empty_us")), num(w.get("over_empty_us")),
+                     num(w.get("x_empty")), w.get("ctas"), w.get("ctas_with_work"), w.get("pairs_per_thread"),
+                     num(w.get("delta_us"), "+.2f"), num(w.get("per_step_delta_us"), "+.1f")])
+    out.append(md_table(["variant", "tokens", "block", "warps", "µs", "empty µs", "over empty µs", "× empty", "CTAs",
+                         "with work", "pairs/thread", "Δ vs baseline µs", "per step µs"], rows))
     return "\n".join(out)

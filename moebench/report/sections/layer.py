@@ -3,6 +3,7 @@ scopes read as conversions (the kernel's saving alone, in one step, in many). Re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,7 @@ class Conversion:
     @property
     def conversion(self) -> float | None:
         """In-layer Δ / isolated Δ: 1.0 when the whole saving survives in the step."""
-        return _ratio(self.one.delta if self.one else None, self.isolated.delta if self.isolated else None)
+        return ratio(self.one.delta if self.one else None, self.isolated.delta if self.isolated else None)
 
     @property
     def projection(self) -> float | None:
@@ -89,12 +90,12 @@ class Conversion:
 
     @property
     def many_vs_projection(self) -> float | None:
-        return _ratio(self.many.delta if self.many else None, self.projection)
+        return ratio(self.many.delta if self.many else None, self.projection)
 
     @property
     def many_vs_one(self) -> float | None:
         one = self.layers * self.one.delta if self.layers and self.one else None
-        return _ratio(self.many.delta if self.many else None, one)
+        return ratio(self.many.delta if self.many else None, one)
 
 
 def conversions(records) -> list[Conversion]:
@@ -174,7 +175,8 @@ def conversion_section(records) -> str:
     return "\n".join(out) + "\n"
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return a / b
+def ratio(a: Any, b: Any) -> float | None:
+    """a / b where both are numbers (not NaN) and b is not 0, else None."""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and not math.isnan(a) and not math.isnan(b):
+        return a / b
+    return None
