@@ -9,6 +9,7 @@
 set -uo pipefail
 BASE=${1:?usage: scripts/h200-vs-base.sh BASE_TREE OUT [SWEEPS...]}
 OUT=${2:?usage: scripts/h200-vs-base.sh BASE_TREE OUT [SWEEPS...]}
+OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd) || exit 2  # the runs cd into each tree
 shift 2
 SWEEPS=${*:-count-block act-grid}
 NEW=$PWD

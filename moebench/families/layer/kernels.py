@@ -231,10 +231,28 @@ def _grouped_mm_loop(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> to
     return out
 
 
-def grouped_mm_impl(device_type: str) -> tuple[Callable, str]:
+_CPU_GROUPED_MM: list = []
+
+
+def _cpu_grouped_mm() -> Callable | None:
+    """torch's grouped_mm where it has a CPU kernel (torch >= 2.9; 2.8 declares it but raises),
+    found once by a probe on an aligned problem; else None."""
+    if not _CPU_GROUPED_MM:
+        fn = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+        try:
+            a, b = torch.ones(16, 8, dtype=torch.bfloat16), torch.ones(2, 8, 8, dtype=torch.bfloat16)
+            ok = fn is not None and torch.equal(fn(a, b, offs=torch.tensor([8, 16], dtype=torch.int32)), a @ b[0])
+        except (RuntimeError, NotImplementedError):
+            ok = False
+        _CPU_GROUPED_MM.append(fn if ok else None)
+    return _CPU_GROUPED_MM[0]
+
+
+def grouped_mm_impl(device_type: str, *, loop: bool = False) -> tuple[Callable, str]:
     """The grouped GEMM a step runs, and its name for the record. On CUDA:
     torch.nn.functional.grouped_mm (torch >= 2.10), else the private torch._grouped_mm (2.8,
-    2.9); without either the layer is unavailable. On the CPU: one bf16 matmul per group."""
+    2.9); without either the layer is unavailable. On the CPU: torch's grouped_mm where it has a
+    CPU kernel (bit-exact with one bf16 matmul per group), else, or with `loop`, that per-group loop."""
     public = getattr(torch.nn.functional, "grouped_mm", None)
     if device_type == "cuda":
         # offs is keyword-only in torch.nn.functional.grouped_mm
@@ -245,7 +263,10 @@ def grouped_mm_impl(device_type: str) -> tuple[Callable, str]:
             return (lambda a, b, offs: private(a, b, offs=offs)), "torch._grouped_mm"
         raise Unavailable(f"the layer step needs torch.nn.functional.grouped_mm (torch >= 2.10) or torch._grouped_mm "
                           f"(torch >= 2.8); this is torch {torch.__version__}")
-    return _grouped_mm_loop, "per-group matmul loop (CPU)"
+    fn = None if loop else _cpu_grouped_mm()
+    if fn is None:
+        return _grouped_mm_loop, "per-group matmul loop (CPU)"
+    return (lambda a, b, offs: fn(a, b, offs=offs)), "grouped_mm (CPU)"
 
 
 # ----------------------------------------------------------------------------------- launchers: the step's own kernels
