@@ -10,7 +10,7 @@ BIN     := $(VENV)/bin
 SMOKE   ?= $(VENV)/smoke-results
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
-# The GPU image's triton: the kernel tests also run under its interpreter (moebench.core.interpret)
+# The GPU image's triton: the kernel tests also run under its interpreter (moebench.core.tritonpatch)
 TRITON_OLD ?= triton==3.6.0
 OLD     ?= $(VENV)-triton-old
 SWEEP   ?= count-block

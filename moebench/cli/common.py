@@ -24,8 +24,8 @@ from rich.text import Text
 
 from moebench import startup
 from moebench.analysis import metric_of
-from moebench.core import interpret as interpreter
 from moebench.core import device as devices
+from moebench.core import tritonpatch
 from moebench.core.stats import median
 from moebench.core.text import md_table, ordered, printable
 from moebench.errors import BackendError, ExitCode, UsageError
@@ -81,7 +81,7 @@ def backend(interpret: bool, what: str = "", then: str | None = None) -> bool:
         raise BackendError(f"{named}no CUDA device is visible (the Triton interpreter on the CPU checks correctness "
                            f"only, and this needs timings); {then}")
     if use_interp:
-        interpreter.enable()
+        tritonpatch.interpret()
     devices.require_triton()
     return use_interp
 

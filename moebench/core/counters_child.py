@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.core import interpret
+from moebench.core import tritonpatch
 from moebench.core.cases import Case, shape_key
 from moebench.core.device import detect
 from moebench.core.family import get_family
@@ -44,7 +44,7 @@ def run(job: dict) -> list[dict]:
     plugins.use([Path(p) for p in job.get("plugins", [])])
     arms.restore(job.get("arms"), get_family)
     environ = job.get("environ", {})  # the run's kill switches, as the timed run read them
-    cuda = torch.cuda.is_available() and not interpret.active()
+    cuda = torch.cuda.is_available() and not tritonpatch.interpreting()
     device = detect(not cuda)
     dev = "cuda" if cuda else "cpu"
     spec = load_spec(job["spec"])

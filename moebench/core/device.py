@@ -68,7 +68,7 @@ def want_interpreter(requested: bool | None) -> bool:
     """Decide the backend: --interpret forces the CPU interpreter; otherwise CUDA if present."""
     if requested:
         return True
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if tritonpatch.interpreting():
         return True
     import torch
 

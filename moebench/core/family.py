@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from moebench.core import interpret
+from moebench.core import tritonpatch
 from moebench.core.text import one_line, show
 from moebench.errors import UsageError
 from moebench.sources.plugins import current_source, current_suffix, load_installed
@@ -337,8 +337,8 @@ class FamilySpec:
 
     def load(self):
         """Import the kernels module (torch, triton) and return it."""
-        if interpret.active():
-            interpret.compat()
+        if tritonpatch.interpreting():
+            tritonpatch.interpreter_patches()
         if not self.kernels:
             return None
         module = importlib.import_module(self.kernels)

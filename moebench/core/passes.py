@@ -9,8 +9,6 @@ with `@register`, in this module or a plugin file. It declares
   the per-GPU workers of `--devices`); `select` refuses any other combination with a UsageError
   (exit 2) before the first case, so a pass listed in the provenance always ran;
 - `keeps_graphs`: the timer keeps each case's captured graphs (and the copies they read) for it;
-- `keeps_cases`: its `after_all` needs what `after_case` kept in the process that timed the case,
-  so the case's memory lives until `release`;
 - `announce`: the progress line while its `after_all` runs; `unavailable()`: why it cannot run on
   this machine (a missing package), or None;
 
@@ -78,7 +76,6 @@ class Pass:
     cuda_only: ClassVar[bool] = True
     in_workers: ClassVar[bool] = True
     keeps_graphs: ClassVar[bool] = False
-    keeps_cases: ClassVar[bool] = False
     announce: ClassVar[str | None] = None
 
     def unavailable(self) -> str | None:
@@ -130,7 +127,7 @@ def select(names, *, backend: str, timed: bool, workers: bool) -> list[Pass]:
                     "correctness only)" if backend == "interpret" else f"this run ({backend})"
             raise UsageError(f"--cross-check {name}: needs timings on a CUDA device, and {where} has none; "
                              f"drop --cross-check {name}")
-        if workers and not (cls.in_workers and not cls.keeps_cases):
+        if workers and not cls.in_workers:
             raise UsageError(f"--cross-check {name}: cannot run with --devices (its pass needs every case's graphs "
                              "in one process); drop --devices or the cross-check")
         out.append(cls())
@@ -176,7 +173,6 @@ class Nvbench(Pass):
     name = "nvbench"
     in_workers = False
     keeps_graphs = True
-    keeps_cases = True
     announce = "nvbench pass (cold and batch replays of every timed graph)"
 
     def __init__(self):
@@ -233,7 +229,6 @@ class Profiler(Pass):
 
     name = "profiler"
     in_workers = False
-    keeps_cases = True
     announce = "profiler pass (CUPTI kernel times)"
 
     def __init__(self):

@@ -175,6 +175,17 @@ def install_key_cache() -> bool:
 # --------------------------------------------------------------------------- interpreter patches
 
 
+def interpreting() -> bool:
+    """Whether kernels run under Triton's interpreter (TRITON_INTERPRET=1): CPU tensors, correctness only."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def interpret() -> None:
+    """Make kernel modules imported from now on run under the interpreter, with its patches."""
+    os.environ["TRITON_INTERPRET"] = "1"  # read by @triton.jit at decoration time
+    interpreter_patches()
+
+
 def interpreter_patches() -> dict[str, bool]:
     """Apply the interpreter's patches that are switched on (nothing on a GPU run takes these
     paths). Returns which were installed by this call."""
@@ -392,7 +403,7 @@ def launches():
     """Yields a list that, when the block ends, holds (kernel function, programs run) for every
     kernel the Triton interpreter launched during the block; nothing on a GPU."""
     got: list = []
-    hooked = os.environ.get("TRITON_INTERPRET") == "1" and _hook_grids()
+    hooked = interpreting() and _hook_grids()
     if hooked:
         _launch_lists.append(got)
     try:

@@ -312,7 +312,7 @@ def test_the_child_recreates_cases_from_its_job_and_goes_on_past_a_bad_one(tmp_p
 
 def test_the_pass_is_registered_and_not_refused_on_the_cpu():
     cls = P.PASSES["counters"]
-    assert cls.has_after_all() and not cls.keeps_cases
+    assert cls.has_after_all() and cls.in_workers
     assert [p.name for p in P.select(("counters",), backend="interpret", timed=False, workers=False)] == ["counters"]
     assert [p.name for p in P.select(("counters",), backend="cuda", timed=True, workers=True)] == ["counters"]
 

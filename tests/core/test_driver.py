@@ -28,7 +28,7 @@ def test_each_built_in_pass_declares_where_it_runs():
     assert list(P.PASSES)[:3] == ["dobench", "nvbench", "profiler"]
     assert P.PASSES["dobench"].in_workers and not P.PASSES["dobench"].has_after_all()
     for name in ("nvbench", "profiler"):  # they need every case's graphs in one process
-        assert P.PASSES[name].keeps_cases and P.PASSES[name].has_after_all()
+        assert not P.PASSES[name].in_workers and P.PASSES[name].has_after_all()
 
 
 @pytest.mark.parametrize("name", ["dobench", "nvbench", "profiler"])

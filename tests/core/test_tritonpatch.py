@@ -98,8 +98,6 @@ def test_interpreter_patches_obey_their_switch(monkeypatch, name):
 
     from triton.runtime import interpreter as it
 
-    from moebench.core import interpret
-
     lang = it._patch_lang
     monkeypatch.setattr(it, "_patch_lang", getattr(lang, "_moebench_original", lang))
     monkeypatch.setattr(it, "_patch_lang_tensor", _old_patch_lang_tensor)
@@ -111,13 +109,13 @@ def test_interpreter_patches_obey_their_switch(monkeypatch, name):
              "no_overflow_checks": lambda: not it.interpreter_builder.options.sanitize_overflow}[name]
     p = tp.BY_NAME[name]
     monkeypatch.setenv(p.env, p.off)
-    assert not interpret.compat()[name] and not state()
+    assert not tp.interpreter_patches()[name] and not state()
     monkeypatch.delenv(p.env)
     monkeypatch.setenv(tp.ALL_OFF, "0")
-    assert not interpret.compat()[name] and not state()
+    assert not tp.interpreter_patches()[name] and not state()
     monkeypatch.delenv(tp.ALL_OFF)
-    assert interpret.compat()[name] and state()
-    assert not interpret.compat()[name]  # once
+    assert tp.interpreter_patches()[name] and state()
+    assert not tp.interpreter_patches()[name]  # once
 
 
 def test_fast_exit_and_its_switch(monkeypatch, capsys):
