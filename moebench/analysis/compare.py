@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from moebench.analysis import metric_of, params_text, read_results, varying_keys
 from moebench.analysis.comparable import FileNoise, check_comparable, file_noise, model_for
 from moebench.core.records import Record
+from moebench.core.stats import median
 from moebench.errors import UsageError
 
 
@@ -323,7 +323,7 @@ def _clock_notes(rows: list[CompareRow], cycles: bool) -> list[str]:
     cn = [r.new_mhz for r in rows if r.new_mhz]
     if not cb or not cn:
         return [] if not cycles else ["--cycles: " + ("BASE" if not cb else "NEW") + " records no SM clock"]
-    mb, mn = statistics.median(cb), statistics.median(cn)
+    mb, mn = median(cb), median(cn)
     if abs(mn / mb - 1) <= CLOCK_TOLERANCE:
         return []
     return [f"the SM clocks differ: BASE {mb:.0f} MHz, NEW {mn:.0f} MHz (median over the cases, {100 * (mn / mb - 1):+.1f}%, "

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from moebench.analysis.pages import builtin_family
 from moebench.core.records import Record
+from moebench.core.stats import median
 from moebench.core.text import md_table, num, printable, varying
 
 
@@ -104,7 +105,7 @@ def summary(pairs: list[Twin]) -> str:
         tol = {p.tolerance for p in timed}
         ratios = [p.ratio for p in timed]
         off = [p for p in timed if p.within is False]
-        line += (f" Ours ÷ upstream: median {sorted(ratios)[len(ratios) // 2]:.3f}, range {min(ratios):.3f} to "
+        line += (f" Ours ÷ upstream: median {median(ratios):.3f}, range {min(ratios):.3f} to "
                  f"{max(ratios):.3f}; ")
         line += (f"every pair within ±{100 * max(tol):.0f}%." if not off else
                  f"{len(off)} of {len(timed)} outside ±{100 * max(tol):.0f}% (marked below).")

@@ -185,3 +185,16 @@ def test_twins_section_and_conformance_page(tmp_path):
     page = (tmp_path / "conf.md").read_text()
     assert "12 twin pairs" in page and "No timings" in page
     assert json.loads((tmp_path / "conf.json").read_text())["pairs"][0]["bit_exact"] is True
+
+
+def test_the_conformance_summary_states_the_median_ratio_of_an_even_count():
+    from types import SimpleNamespace
+
+    from moebench.report.conformance import Twin, summary
+
+    def twin(ours, theirs):
+        rec = lambda us: SimpleNamespace(timing={"median_us": us}, checks={"baseline_equal": True})  # noqa: E731
+        return Twin("count", {}, {}, rec(ours), rec(theirs), 0.05)
+
+    line = summary([twin(1.0, 1.0), twin(1.02, 1.0), twin(1.04, 1.0), twin(0.98, 1.0)])
+    assert "median 1.010," in line and "range 0.980 to 1.040" in line  # the upper middle would say 1.020
