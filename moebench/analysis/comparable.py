@@ -27,6 +27,8 @@ from moebench.errors import UsageError
 NOISE_ONLY = frozenset({"warmup", "min_replays", "max_replays", "max_seconds", "target_rel_noise", "clock_drop",
                         "clock_retries", "rerun_rel", "noise"})
 DEVICE_KEYS = ("name", "backend", "sm_count")
+# compared where both runs state it (a MIG slice or another board of one name can have another L2)
+DEVICE_KEYS_STATED = ("l2_bytes",)
 # rel_noise and hypot(rel_noise_within, rerun_rel) must agree within this (absolute): each is stated
 # rounded to 5 decimals, so a record as the timer writes it is off by 1.5e-5 at most
 PARTS_TOLERANCE = 1e-4
@@ -61,7 +63,8 @@ def differences(a: dict, b: dict) -> Differences:
     sa, sb = settings_of(a), settings_of(b)
     out = Differences()
     da, db = sa["device"], sb["device"]
-    out.device = [f"{k} {da.get(k)!r} -> {db.get(k)!r}" for k in DEVICE_KEYS if da.get(k) != db.get(k)]
+    out.device = [f"{k} {da.get(k)!r} -> {db.get(k)!r}" for k in DEVICE_KEYS + DEVICE_KEYS_STATED
+                  if da.get(k) != db.get(k) and (k in DEVICE_KEYS or (k in da and k in db))]
     ta, tb = sa["timing"], sb["timing"]
     for k in sorted(set(ta) | set(tb)):
         if ta.get(k) != tb.get(k):
@@ -80,6 +83,7 @@ def check_comparable(pb: dict, pn: dict, *, allow_settings: bool = False, allow_
     if diff.device:
         what = (f"BASE ran on {db.get('name')} ({db.get('sm_count')} SMs), NEW on {dn.get('name')} "
                 f"({dn.get('sm_count')} SMs)")
+        what += "".join(f", {d}" for d in diff.device if d.startswith(DEVICE_KEYS_STATED))
         if not allow_device:
             raise UsageError(f"{what}: times of two devices are no gate; pass --allow-device to compare them anyway "
                              "(--cycles compares in clock cycles)")

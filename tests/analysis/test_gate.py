@@ -30,7 +30,7 @@ def _model(path: Path, terms: dict[str, float], *, device="NVIDIA H200", sweep="
 
 
 def _file(path: Path, medians: list[float], *, noise=0.002, rerun=0.002, timing=None, device="NVIDIA H200",
-          mhz=None, work=None, model=None) -> Path:
+          mhz=None, work=None, model=None, l2=None) -> Path:
     recs = []
     for i, us in enumerate(medians):
         t = {"median_us": us, "rel_noise": noise}
@@ -40,7 +40,8 @@ def _file(path: Path, medians: list[float], *, noise=0.002, rerun=0.002, timing=
             t.update(sm_clock_start_mhz=mhz, sm_clock_end_mhz=mhz)
         recs.append(Record("s", "count", f"c{i}", "persistent", "persistent", "ok", params={"tokens": 2 ** i},
                            timing=t, work=dict(work[i]) if work else {}))
-    prov = {"sweep": "s", "device": {"name": device, "backend": "cuda", "sm_count": 132},
+    dev = {"name": device, "backend": "cuda", "sm_count": 132, **({"l2_bytes": l2} if l2 else {})}
+    prov = {"sweep": "s", "device": dev,
             "timing": dict(TIMING, **(timing or {})), **({"noise_model": model} if model else {})}
     path.write_text(json.dumps({"provenance": prov, "records": [r.to_json() for r in recs]}))
     return path
@@ -261,6 +262,15 @@ def test_another_device_stops_the_comparison(tmp_path, capsys):
     assert code == 2 and "NVIDIA B200" in err and "--allow-device" in err
     code, _, err = _gate(capsys, a, b, "--allow-device")
     assert code == 0 and "cross-device" in err
+
+
+def test_another_l2_size_under_one_name_stops_the_comparison(tmp_path, capsys):
+    a = _file(tmp_path / "a.json", [1.0] * 4, l2=60 << 20)
+    b = _file(tmp_path / "b.json", [1.0] * 4, l2=40 << 20)
+    code, _, err = _gate(capsys, a, b)
+    assert code == 2 and "l2_bytes 62914560 -> 41943040" in err and "--allow-device" in err
+    unstated = _file(tmp_path / "c.json", [1.0] * 4)  # a file that states no L2 is held to the rest
+    assert _gate(capsys, a, unstated)[0] == 0
 
 
 def test_throughput_is_higher_is_better(tmp_path, capsys):
