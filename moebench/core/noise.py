@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moebench.core.text import read_bounded
 from moebench.errors import SpecError, UsageError
 
 # the checkout moebench runs from (moebench.core.spec.PACKAGE_ROOT; not imported: spec reads this module)
@@ -35,27 +36,6 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # a model is a few KB per hundred cases; anything this big is the wrong file
 MAX_MODEL_BYTES = 4 * 2**20
-
-
-def read_bounded(path: Path, limit: int, what: str) -> bytes:
-    """The bytes of the file at `path`, `what` it should be ("a noise model"), or a one-line
-    SpecError: no such file, a directory or not a regular file, over `limit` bytes, unreadable."""
-    try:
-        if not path.exists():
-            raise SpecError(path, "", "no such file")
-        if path.is_dir():
-            raise SpecError(path, "", f"is a directory, expected {what}")
-        if not path.is_file():
-            raise SpecError(path, "", f"not a regular file, expected {what}")
-        size = path.stat().st_size
-        if size > limit:
-            raise SpecError(path, "", f"{size} bytes is too large for {what} (at most {limit}); "
-                            "is this the right file?")
-        return path.read_bytes()
-    except OSError as e:
-        raise SpecError(path, "", f"cannot read: {e.strerror or e}") from None
-    except ValueError as e:  # e.g. an embedded NUL byte in the path
-        raise SpecError(path, "", f"cannot read: {e}") from None
 
 
 def default_text(floor: float) -> str:

@@ -16,9 +16,8 @@ from typing import Any
 import yaml
 
 from moebench.core.expr import ExprError, compile_expr
-from moebench.core.text import kind, safe_stem, show
+from moebench.core.text import kind, read_bounded, safe_stem, show
 from moebench.core.family import FamilySpec, catalogue, family_error
-from moebench.core.noise import read_bounded
 from moebench.core.noise import setting_problem as noise_setting_problem
 from moebench.errors import SpecError, UsageError
 from moebench.sources import plugins

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from moebench import errors
@@ -109,3 +110,24 @@ def one_line(e: BaseException, limit: int = 300) -> str:
     it has no message), at most `limit` characters."""
     lines = str(e).strip().splitlines()
     return (lines[0] if lines else repr(e))[:limit]
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of the file at `path`, `what` it should be ("a noise model"), or a one-line
+    SpecError: no such file, a directory or not a regular file, over `limit` bytes, unreadable."""
+    try:
+        if not path.exists():
+            raise errors.SpecError(path, "", "no such file")
+        if path.is_dir():
+            raise errors.SpecError(path, "", f"is a directory, expected {what}")
+        if not path.is_file():
+            raise errors.SpecError(path, "", f"not a regular file, expected {what}")
+        size = path.stat().st_size
+        if size > limit:
+            raise errors.SpecError(path, "", f"{size} bytes is too large for {what} (at most {limit}); "
+                            "is this the right file?")
+        return path.read_bytes()
+    except OSError as e:
+        raise errors.SpecError(path, "", f"cannot read: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. an embedded NUL byte in the path
+        raise errors.SpecError(path, "", f"cannot read: {e}") from None
