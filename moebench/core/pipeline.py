@@ -261,7 +261,7 @@ class CasePipeline:
             with self._phase_lock:
                 self.phases[name] += dt
 
-    def _free_memory(self) -> tuple[int, str]:
+    def free_memory(self) -> tuple[int, str]:
         """Free bytes where this run's inputs go (the GPU, or this host under the interpreter), and
         where that is."""
         if self.torch_device == "cuda":
@@ -272,7 +272,7 @@ class CasePipeline:
         """Refuse a case whose inputs would not fit, before allocating anything."""
         per = self.impl.input_bytes(case.params)
         need = per * n_sets + min(per, PRISTINE_MAX_BYTES)  # and the copy of set 0 as built (_Pristine)
-        free, where = self._free_memory()
+        free, where = self.free_memory()
         if need > 0.8 * free:
             raise MemoryError(f"would not fit: needs ~{need / 2**30:.2f} GiB of inputs, {free / 2**30:.2f} GiB "
                               f"free on {where}; shrink the shape")

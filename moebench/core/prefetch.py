@@ -186,4 +186,4 @@ def prebuild_fits(pipe: CasePipeline, cases: list[Case]) -> bool:
         if key not in seen:
             seen.add(key)
             need += pipe.impl.input_bytes(c.params) * pipe.placements.n_sets(c.params)
-    return need <= min(PREBUILD_MAX_BYTES, PREBUILD_FREE_SHARE * pipe._free_memory()[0])
+    return need <= min(PREBUILD_MAX_BYTES, PREBUILD_FREE_SHARE * pipe.free_memory()[0])
