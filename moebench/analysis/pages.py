@@ -18,8 +18,9 @@ from moebench.core.records import Record
 
 @dataclass
 class PageSpec:
-    """What a results page needs of the spec that made it (provenance.page). Duck-types the parts
-    of a Spec that moebench.report.sweep.sweep_markdown reads."""
+    """What a results page needs of the spec that made it, from the results file alone
+    (provenance.page): a reader never loads a spec named in a file, since loading runs its
+    `plugins:`. Duck-types the parts of a Spec that moebench.report.sweep.sweep_markdown reads."""
 
     name: str
     family: Any
