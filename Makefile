@@ -15,7 +15,7 @@ TRITON_OLD ?= triton==3.6.0
 OLD     ?= $(VENV)-triton-old
 SWEEP   ?= count-block
 
-.PHONY: install sweep test unit compat smoke smoke-runs smoke-start smoke-count smoke-act h200 h200-layer clean
+.PHONY: install sweep test unit compat smoke smoke-runs smoke-start h200 h200-layer clean
 
 # scripts/venv_mode.py decides (and says why): `system` on a GPU machine whose $(PY) already has a
 # CUDA torch and triton at pyproject's minimums (a venv over them, also when $(PY) is itself a venv:
@@ -67,31 +67,27 @@ COMPAT_TESTS := tests/families/test_count.py tests/families/test_act.py tests/fa
 compat: $(BIN)/.test-installed $(OLD)/.installed
 	PYTHONPATH=$(OLD) $(BIN)/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS)
 
-# two chains of CLI runs, one per core (each command is a single-threaded interpreter run): every
-# family and every sweep's variants through the installed console command (the unit suite also
-# runs count-block, act-grid and `verify count-block` in process)
+# every family and every sweep's variants through the installed console command, each run a target
+# of its own (a single-threaded interpreter run), so `-j2` packs them, and `make test`'s compat run,
+# onto both cores as each ends (the unit suite also runs count-block, act-grid and `verify
+# count-block` in process)
+SMOKE_RUNS := sweep/count-block sweep/count-variants sweep/layer sweep/act-variants verify/act-grid sweep/combine-lds
+
 smoke: install
 	$(MAKE) --no-print-directory -j2 smoke-runs
 
-smoke-runs: smoke-count smoke-act
+smoke-runs: $(addprefix smoke/,$(SMOKE_RUNS))
 	test -f $(SMOKE)/host/combine-lds-quick.json  # one layout for every family: OUT/<device>/NAME.*
 
 smoke-start: install
 	rm -rf $(SMOKE)
 	$(BIN)/moebench validate sweeps/*.yaml
 
-smoke-count: smoke-start
-	$(BIN)/moebench sweep count-block --quick --out $(SMOKE)
-	$(BIN)/moebench sweep count-variants --quick --out $(SMOKE)
-	$(BIN)/moebench sweep layer --quick --out $(SMOKE)
-
-smoke-act: smoke-start
-	$(BIN)/moebench sweep act-variants --quick --out $(SMOKE)
-	$(BIN)/moebench verify act-grid --quick --out $(SMOKE)
-	$(BIN)/moebench sweep combine-lds --quick --out $(SMOKE)
+smoke/%: smoke-start
+	$(BIN)/moebench $(subst /, ,$*) --quick --out $(SMOKE)
 
 # The two installs side by side (pip unpacks on one core), then the unit suite on both cores, then
-# the triton 3.6 tests beside the smoke runs. Imports write their .pyc files here, whatever
+# the triton 3.6 tests and the smoke runs, two at a time. Imports write their .pyc files here, whatever
 # PYTHONDONTWRITEBYTECODE says outside: each module is compiled once, not in every test process.
 test: export PYTHONDONTWRITEBYTECODE :=
 test:

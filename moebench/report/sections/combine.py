@@ -4,6 +4,8 @@ Python, no torch)."""
 
 from __future__ import annotations
 
+import functools
+
 from moebench.core.text import md_table
 from moebench.families.combine import LDS_BUDGET
 from moebench.families.combine.kernels import (_COMPACT_NPES, _ELEM_BYTES, _TDM, BOUNDS, FALLBACK, guarantee,
@@ -129,6 +131,7 @@ def _changes_section(by: dict) -> str:
     return "\n".join(out)
 
 
+@functools.cache  # constants only: every combine page of a process shows the same section
 def _guarantee_section() -> str:
     rows, holds = [], True
     for dtype in ("bf16", "fp32"):
