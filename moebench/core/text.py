@@ -125,7 +125,7 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
         size = path.stat().st_size
         if size > limit:
             raise errors.SpecError(path, "", f"{size} bytes is too large for {what} (at most {limit}); "
-                            "is this the right file?")
+                                   "is this the right file?")
         return path.read_bytes()
     except OSError as e:
         raise errors.SpecError(path, "", f"cannot read: {e.strerror or e}") from None
