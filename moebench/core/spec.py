@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,31 +35,13 @@ TOP_KEYS = ("name", "family", "description", "model", "variants", "baseline", "a
 
 MODEL_KEYS = ("name", "num_experts", "topk", "hidden", "moe_ffn", "moe_layers", "ep", "local_experts")
 
-TIMING_KEYS: dict[str, tuple[type, float | None, float | None]] = {
-    # key: (type, min, max)
-    "launches_per_graph": (int, 1, 10000),
-    "warmup": (int, 0, 10000),
-    "min_replays": (int, 3, 1_000_000),
-    "max_replays": (int, 3, 1_000_000),
-    "max_seconds": (float, 0.001, 3600),
-    "target_rel_noise": (float, 0.0, 1.0),
-    "l2": (str, None, None),
-    "cold_l2_multiple": (float, 1.0, 100.0),
-    "clock_drop": (float, 0.0, 1.0),
-    "placements": (int, 1, 64),
-    "clock_retries": (int, 0, 5),
-    "placement_copies": (int, 1, 64),
-    "groups": (int, 1, 64),
-    "max_groups": (int, 0, 256),
-    "placement_memory": (str, None, None),
-    "placement_strata": (int, 1, 64),
-    "rerun_rel": (float, 0.0, 1.0),
-    "groups_rel_noise": (float, 0.0, 1.0),
-    "placement_stride": (int, 0, 1 << 20),
-    "noise": (str, None, None),
-}
-# the values a string timing key takes
-TIMING_CHOICES = {"l2": ("warm", "cold"), "placement_memory": ("caching", "private")}
+
+
+def _knob(default: Any, lo: float | None = None, hi: float | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """A timing setting: its default, and the range (or, for a string, the choices) a spec may set."""
+    return field(default=default, metadata={"range": (lo, hi), "choices": choices})
+
+
 # the keys a matrix may have at each level (the top level is checked against TOP_KEYS)
 MATRIX_KEYS = ("axes", "zip", "fixed", "where", "variants")
 
@@ -69,46 +51,50 @@ class Timing:
     """The timer's settings (a spec's `timing:` block, --timing KEY=VALUE)."""
 
     # launches captured per graph: the graph's own launch cost amortised over them
-    launches_per_graph: int = 200
+    launches_per_graph: int = _knob(200, 1, 10000)
     # rounds of every closure before a case's first graph is captured (1 before each further graph),
     # and replays of each graph before its timed replays
-    warmup: int = 5
-    min_replays: int = 20
-    max_replays: int = 4000
-    max_seconds: float = 1.0
-    target_rel_noise: float = 0.005
-    l2: str = "warm"
-    cold_l2_multiple: float = 3.0
-    clock_drop: float = 0.9  # flag a case whose SM clock ended below this fraction of max
-    placements: int = 8  # warm L2: independently allocated input/output sets rotated per graph
-    clock_retries: int = 0  # re-time a case whose clock fell below clock_drop, after a 1 s pause
+    warmup: int = _knob(5, 0, 10000)
+    min_replays: int = _knob(20, 3, 1_000_000)
+    max_replays: int = _knob(4000, 3, 1_000_000)
+    max_seconds: float = _knob(1.0, 0.001, 3600)
+    target_rel_noise: float = _knob(0.005, 0.0, 1.0)
+    l2: str = _knob("warm", choices=('warm', 'cold'))
+    cold_l2_multiple: float = _knob(3.0, 1.0, 100.0)
+    clock_drop: float = _knob(0.9, 0.0, 1.0)  # flag a case whose SM clock ended below this fraction of max
+    placements: int = _knob(8, 1, 64)  # warm L2: independently allocated input/output sets rotated per graph
+    clock_retries: int = _knob(0, 0, 5)  # re-time a case whose clock fell below clock_drop, after a 1 s pause
     # warm L2: each set also sits at this many - 1 further placements (copies of the same data in
     # fresh memory), all rotated in the graph, as far as the warm L2 budget allows
-    placement_copies: int = 8
+    placement_copies: int = _knob(8, 1, 64)
     # `groups` graphs, each over its own freshly allocated copies of the input sets, replays
     # interleaved: the estimate is the mean of the group medians and its stated half-width the
     # t-interval over them, so placement luck shows in the uncertainty. A case whose groups
     # disagree adds groups (up to `max_groups`, 0: = groups) while the interval is wider than
     # groups_rel_noise, within max_seconds. 1 group is the single-graph timer (median of replays).
-    groups: int = 4
-    max_groups: int = 16
-    groups_rel_noise: float = 0.01
+    groups: int = _knob(4, 1, 64)
+    max_groups: int = _knob(16, 0, 256)
+    groups_rel_noise: float = _knob(0.01, 0.0, 1.0)
     # caching: input sets come from torch's caching allocator (several small sets share a 2 MiB
     # segment); private: every set and copy gets its own memory pool, so no two share a segment
-    placement_memory: str = "private"
+    placement_memory: str = _knob("private", choices=('caching', 'private'))
     # private placements only: the k-th placement's pool starts with a pad of (k mod
     # placement_strata) x placement_stride bytes, so the small buffers of consecutive placements sit
     # at different addresses (L2 slices) instead of all at one offset of their segments
-    placement_strata: int = 8
-    placement_stride: int = 4096
+    placement_strata: int = _knob(8, 1, 64)
+    placement_stride: int = _knob(4096, 0, 1 << 20)
     # the run-to-run component no single run can see, added in quadrature to the stated 95%
     # half-width (rel_noise; the within-run part stays as rel_noise_within)
-    rerun_rel: float = 0.005
+    rerun_rel: float = _knob(0.005, 0.0, 1.0)
     # the measured between-process term (moebench.core.noise): `auto` uses
     # results/<device>/noise/<sweep>.json of the repository when it was measured on this GPU,
     # `none` never a model, else the path of a model (scripts/repro.py calibrate); a case then adds
     # the larger of rerun_rel and its measured half-width
-    noise: str = "auto"
+    noise: str = _knob("auto")
+
+
+# each timing key: (type, min, max, choices), read off `Timing`
+TIMING_KEYS = {f.name: (type(f.default), *f.metadata["range"], f.metadata["choices"]) for f in fields(Timing)}
 
 
 @dataclass
@@ -745,11 +731,10 @@ def _timing(L: "_Loader", doc: Any) -> Timing:
 
 def timing_problem(key: str, v: Any) -> str | None:
     """What is wrong with timing setting `key` = `v` (a YAML value), or None."""
-    typ, lo, hi = TIMING_KEYS[key]
+    typ, lo, hi, choices = TIMING_KEYS[key]
     if key == "noise":
         return noise_setting_problem(v)
     if typ is str:
-        choices = TIMING_CHOICES[key]
         if not isinstance(v, str) or v not in choices:
             return f"expected one of {', '.join(choices)}, got {show(v)}"
         return None
