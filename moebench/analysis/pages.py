@@ -41,7 +41,7 @@ class RecordsFamily:
         self.name, self.host_only, self.origin = name, host_only, "records"
         self.params = {k: None for r in records for k in r.params}
         self.default_pivot: dict = {}
-        self.sections = self.ab_sections = self.layers_per_launch = None
+        self.layers_per_launch = None
         self.variants: dict = {}
         self.shape_params: tuple = ()
 

@@ -19,7 +19,7 @@ import importlib.util
 import inspect
 import pkgutil
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -137,54 +137,47 @@ class Preset:
     floor_panel: bool = False  # add a x-floor panel (x_floor against x)
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class FamilySpec:
     """A kernel family's declarations. A built-in family declares its variants here (`variants`)
     and its kernels module (`package`.kernels) binds their builders; a plugin registers a variant
-    and its builder at once (`variant`) as its file runs."""
+    and its builder at once (`variant`) as its file runs.
 
-    def __init__(self, *, name: str, doc: str, params: dict[str, Param], package: str | None = None,
-                 variants: tuple["VariantSpec", ...] = (),
-                 rules: tuple[tuple[str, str], ...] = (), host_only: bool = False,
-                 default_pivot: dict | None = None, plot: Preset | None = None,
-                 cost: Callable[[dict], int] | None = None, sections: Callable[[list], str] | None = None,
-                 twin_tolerance: float | None = None, kernels: str | None = None,
-                 ab_sections: Callable[[list], str] | None = None,
-                 layers_per_launch: Callable[[dict], int] | None = None,
-                 graph_launches: Callable[[dict, int], int] | None = None,
-                 reference_after_build: bool = False,
-                 resolve_more: Callable[[str, dict, Any, Mapping[str, str]], dict] | None = None):
-        """`sections(records)` adds the family's own part to a results page; `ab_sections(records)`
-        the same for an `ab` run's page (its records carry timing.ab_side and ab_arm).
-        `layers_per_launch(params)`: how many MoE layers one launch covers (1 unless the launch is
-        a whole multi-layer step); per-step projections multiply by moe_layers / that.
-        `graph_launches(params, spec_value)`: launches to capture per graph for this case, where
-        one launch can be far longer than the µs-scale kernels the spec's value is set for.
-        `resolve_more(variant, params, device, environ)`: a family whose launch builds other
-        families' variants (the layer) resolves their launch values there, from the same environ,
-        once per case; what it returns is added to the parameters the builder gets."""
-        self.name = name
-        self.doc = doc
-        self.params = params
-        self.rules = rules
-        self.host_only = host_only
-        self.default_pivot = dict(default_pivot or {})
-        self.plot = plot
-        self.cost = cost
-        self.sections = sections
-        # how close a seed kernel must time to its upstream twin to count as the same mechanism
-        self.twin_tolerance = twin_tolerance
-        self.ab_sections = ab_sections
-        self.layers_per_launch = layers_per_launch
-        self.graph_launches = graph_launches
-        # the reference reads state a variant's builder prepares: never computed ahead of the build
-        self.reference_after_build = reference_after_build
-        self.resolve_more = resolve_more
-        self.origin = "builtin"  # or the plugin that registered it (register_family)
-        # the module with the kernels, reference, inputs and variants: a built-in family's
-        # kernels.py, or a plugin's own module
-        self.kernels = f"{package}.kernels" if package else kernels
-        self.variants: dict[str, VariantSpec] = {}
-        for v in variants:
+    `layers_per_launch(params)`: how many MoE layers one launch covers (1 unless the launch is a
+    whole multi-layer step); per-step projections multiply by moe_layers / that.
+    `graph_launches(params, spec_value)`: launches to capture per graph for this case, where one
+    launch can be far longer than the µs-scale kernels the spec's value is set for.
+    `resolve_more(variant, params, device, environ)`: a family whose launch builds other families'
+    variants (the layer) resolves their launch values there, from the same environ, once per case;
+    what it returns is added to the parameters the builder gets."""
+
+    name: str
+    doc: str
+    params: dict[str, Param]
+    # the module with the kernels, reference, inputs and variants: a built-in family's
+    # `package`.kernels, or a plugin's own module (`kernels`)
+    package: InitVar[str | None] = None
+    kernels: str | None = None
+    variants: Any = ()  # declared as a tuple of VariantSpec, kept as a dict by name
+    rules: tuple[tuple[str, str], ...] = ()
+    host_only: bool = False
+    default_pivot: dict = field(default_factory=dict)
+    plot: Preset | None = None
+    cost: Callable[[dict], int] | None = None
+    # how close a seed kernel must time to its upstream twin to count as the same mechanism
+    twin_tolerance: float | None = None
+    layers_per_launch: Callable[[dict], int] | None = None
+    graph_launches: Callable[[dict, int], int] | None = None
+    # the reference reads state a variant's builder prepares: never computed ahead of the build
+    reference_after_build: bool = False
+    resolve_more: Callable[[str, dict, Any, Mapping[str, str]], dict] | None = None
+    origin: str = field(default="builtin", init=False)  # or the plugin that registered it (register_family)
+
+    def __post_init__(self, package: str | None) -> None:
+        self.default_pivot = dict(self.default_pivot or {})
+        self.kernels = f"{package}.kernels" if package else self.kernels
+        declared, self.variants = self.variants, {}
+        for v in declared:
             self._check_declaration(v)
             self.variants[v.name] = v
 

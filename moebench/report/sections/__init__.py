@@ -1,6 +1,7 @@
 """The families' own parts of the pages, above the families: a built-in family's section of a
 sweep page (and of an `ab` page, where it has one) lives here, one module per family, and reads
-records only. A plugin family brings its own as ``FamilySpec(sections=..., ab_sections=...)``."""
+records only. A plugin family's pages have none: readers never import plugins, so a page re-rendered
+from its JSON would lose one a plugin brought."""
 
 from __future__ import annotations
 
@@ -14,19 +15,13 @@ SWEEP: dict[str, Callable[[list], str]] = {"count": count.markdown_sections, "ac
 AB: dict[str, Callable[[list], str]] = {"layer": layer.conversion_section}
 
 
-def _pick(fam, own: Callable | None, builtin: dict[str, Callable]) -> Callable | None:
-    if own is not None:
-        return own
-    return builtin.get(fam.name) if fam.origin == "builtin" else None
-
-
 def sweep_section(fam, records: list) -> str | None:
     """The family's own part of a sweep's results page, or None where it has none."""
-    fn = _pick(fam, fam.sections, SWEEP)
+    fn = SWEEP.get(fam.name) if fam.origin == "builtin" else None
     return fn(records) if fn is not None else None
 
 
 def ab_section(fam, records: list) -> str | None:
     """The family's own reading of both arms of an `ab` run (layer: the conversion), or None."""
-    fn = _pick(fam, fam.ab_sections, AB)
+    fn = AB.get(fam.name) if fam.origin == "builtin" else None
     return fn(records) if fn is not None else None
