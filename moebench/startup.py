@@ -59,13 +59,6 @@ def add(name, seconds):
     _ROWS[name] = _ROWS.get(name, 0.0) + seconds
 
 
-def restart():
-    """A new command in this process (in-process callers run several): the table starts again."""
-    global T0, PYTHON_START
-    T0, PYTHON_START = time.perf_counter(), None
-    _ROWS.clear()
-
-
 def wall_rows():
     """[(stage, seconds)] from the process's start to now: the interpreter's start-up, the timed
     stages, `other` for the rest, and `total` last; the rows before `total` add up to it."""

@@ -2,8 +2,9 @@
 
 import os
 import sys
+import time
 
-from moebench import cli
+from moebench import cli, startup
 
 
 def run_cli(args, capsys):
@@ -12,6 +13,9 @@ def run_cli(args, capsys):
     old, cols = sys.argv, os.environ.get("COLUMNS")
     sys.argv = ["moebench", *args]
     os.environ["COLUMNS"] = "2000"
+    # a new command in this process: its --timings table starts again
+    startup.T0, startup.PYTHON_START = time.perf_counter(), None
+    startup._ROWS.clear()
     try:
         cli.main()
         code = 0

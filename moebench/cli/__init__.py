@@ -69,7 +69,6 @@ def command():
 
 
 startup.mark("imports (typer, rich, the command line)")  # from moebench's first line to here
-_RAN = False  # whether main() ran in this process before (in-process callers run several)
 
 
 def entry() -> None:
@@ -87,10 +86,6 @@ def entry() -> None:
 
 
 def main() -> None:
-    global _RAN
-    if _RAN:
-        startup.restart()
-    _RAN = True
     fit_consoles()
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
