@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from moebench.analysis import metric_of
 from moebench.core.family import REQUIRED
-from moebench.core.stats import mean, pooled_sd, stdev, t975
+from moebench.core.stats import mean, stdev, t975
 from moebench.core.text import md_table
 from moebench.errors import UsageError
 
@@ -38,8 +38,7 @@ class ABStats:
     """What an interleaved A/B says, in the terms the seed PRs argue with (lower is better).
 
     - `sd_off`, `sd_on`: the sample sd of all iterations of a side, arms pooled together, so
-      arm-to-arm drift counts as noise. `within_sd_*` pools only the spread inside each arm, for
-      comparison.
+      arm-to-arm drift counts as noise.
     - separation: whether the worst ON iteration beats the best OFF one ("every ON iteration
       beats every OFF iteration"), the reverse, or neither; `margin` is the gap between them
       (negative when the arms overlap).
@@ -53,8 +52,6 @@ class ABStats:
     rel: float  # delta / off_mean
     sd_off: float
     sd_on: float
-    within_sd_off: float
-    within_sd_on: float
     worst_on: float  # max(ON)
     best_off: float  # min(OFF)
     separation: str  # "better" | "worse" | "overlap"
@@ -95,7 +92,6 @@ def ab_stats(arms: Sequence[Arm]) -> ABStats:
     effect = abs(delta) / noise if noise > 0 else (math.inf if delta else 0.0)
     return ABStats(arms=list(arms), off_mean=mo, on_mean=mn, delta=delta,
                    rel=delta / mo if mo else math.nan, sd_off=sd_o, sd_on=sd_n,
-                   within_sd_off=pooled_sd([a.values for a in off]), within_sd_on=pooled_sd([a.values for a in on]),
                    worst_on=worst_on, best_off=best_off, separation=separation, margin=margin, effect=effect)
 
 
@@ -321,16 +317,6 @@ def check_ab(off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters:
         raise UsageError(f"--arms: expected an even number >= 2 (OFF/ON pairs), got {arms}")
     if iters < 2:
         raise UsageError(f"--iters: expected >= 2 measurements per arm (an sd needs two), got {iters}")
-
-
-def check_arm_environments(spec, pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], device,
-                           base: Mapping[str, str]) -> None:
-    """Each arm's kill switches (`base` plus its env: settings), checked once before any arm runs:
-    a malformed one is a UsageError naming the variable (the arms' run drivers do not check again)."""
-    from moebench.core.pipeline import check_environment
-
-    for side, cases in ((off, [p.off for p in pairs]), (on, [p.on for p in pairs])):
-        check_environment(spec, cases, device, arm_environ(side, base))
 
 
 def arm_order(arms: int) -> str:

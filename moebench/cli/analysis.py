@@ -17,7 +17,7 @@ import typer
 from rich.text import Text
 
 from moebench.analysis import params_text, read_results, results_json_layout
-from moebench.analysis.ab import (OFF, ON, ABPair, ab_document, ab_pairs, arm_order, check_ab, check_arm_environments,
+from moebench.analysis.ab import (OFF, ON, ABPair, ab_document, ab_pairs, arm_environ, arm_order, check_ab,
                                   parse_setting, run_arms, settings_text)
 from moebench.analysis.comparable import differences, file_noise
 from moebench.analysis.compare import compare_files
@@ -32,7 +32,7 @@ from moebench.cli.info import REFERENCE_OPT
 from moebench.cli.run import SPEC_ARG
 from moebench.core.cases import expand
 from moebench.core.driver import Driver, Summary, run_sweep
-from moebench.core.pipeline import Options
+from moebench.core.pipeline import Options, check_environment
 from moebench.core.provenance import provenance, run_settings
 from moebench.core.spec import PACKAGE_ROOT, load_spec
 from moebench.core.store import OutputLock, atomic_write_text, output_file, writable_dir
@@ -111,7 +111,8 @@ def ab_outputs(sp, pairs: list[ABPair], offs, ons, device, *, out_dir: Path, kin
                force: bool) -> tuple[Path, str]:
     """Before any arm runs: each arm's environment checked once, and OUT/<device>/NAME-KIND.json and
     .md of an earlier run (another pair of arms) not replaced unasked; their folder and stem."""
-    check_arm_environments(sp, pairs, offs, ons, device, os.environ)
+    for side, cases in ((offs, [p.off for p in pairs]), (ons, [p.on for p in pairs])):
+        check_environment(sp, cases, device, arm_environ(side, os.environ))  # the arms' drivers do not check again
     dest, stem = out_dir / device.slug, f"{sp.name}-{kind}" + ("-quick" if quick else "")
     for suffix in ("json", "md"):
         output_file(dest / f"{stem}.{suffix}", force=force, option="--out")

@@ -70,13 +70,6 @@ def stdev(xs: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def pooled_sd(groups: Sequence[Sequence[float]]) -> float:
-    """Pooled standard deviation of several groups (weights n_i - 1)."""
-    num = sum((len(g) - 1) * stdev(g) ** 2 for g in groups if len(g) > 1)
-    den = sum(len(g) - 1 for g in groups if len(g) > 1)
-    return math.sqrt(num / den) if den else 0.0
-
-
 # The 97.5% quantiles of Student's t for 1 to 5 degrees of freedom (tables), where the series
 # below is more than 0.05% off; from 6 on it is within 0.06%.
 _T975_SMALL = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706}

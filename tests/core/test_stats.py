@@ -2,7 +2,7 @@
 
 import math
 
-from moebench.core.stats import median, median_rel_noise, noise_below, pooled_sd, quantile, stdev, summarize
+from moebench.core.stats import median, median_rel_noise, noise_below, quantile, stdev, summarize
 
 
 def test_quantiles_match_linear_interpolation():
@@ -28,7 +28,7 @@ def test_noise_shrinks_with_samples_and_stop_rule_fires():
     assert median_rel_noise([1.0, 2.0]) == math.inf
 
 
-def test_pooled_sd():
+def test_stdev():
     a, b = [1.0, 2.0, 3.0], [10.0, 12.0, 14.0]
     assert math.isclose(stdev(a), 1.0) and math.isclose(stdev(b), 2.0)
-    assert math.isclose(pooled_sd([a, b]), math.sqrt((2 * 1 + 2 * 4) / 4))
+    assert stdev([5.0]) == 0.0
