@@ -65,10 +65,7 @@ def metric_of(rec: Record, metric: str = "median_us") -> float | None:
 
 def varying_keys(records: Sequence[Record]) -> list[str]:
     """`label` (if more than one) then the parameters that take more than one value."""
-    names: list[str] = []
-    for r in records:
-        names += [k for k in r.params if k not in names]
-    return varying([{"label": r.label, **r.params} for r in records], ["label"] + names)
+    return varying([{"label": r.label, **r.params} for r in records])
 
 
 def params_text(params: dict, keys: Sequence[str] | None = None) -> str:

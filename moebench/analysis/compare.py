@@ -269,8 +269,6 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
             what = "clock" if cycles else "timing"
             row.note = f"no {what} in " + " and ".join(
                 s for s, v in (("BASE", row.base_us), ("NEW", row.new_us)) if v is None)
-        elif row.base_us <= 0:
-            row.note = "BASE time is not positive"
         else:
             xb, xn = fb.by_case.get(cid), fn.by_case.get(cid)
             # NOISY rests on measured run-to-run terms only: an assumed one never makes a case NOISY

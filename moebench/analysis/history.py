@@ -615,4 +615,4 @@ def case_text(s: Series, keys: Sequence[str] | None = None) -> str:
 
 def varying_params(all_series: Sequence[Series]) -> list[str]:
     """The parameters that tell these series apart."""
-    return varying([s.params for s in all_series], dict.fromkeys(k for s in all_series for k in s.params))
+    return varying([s.params for s in all_series])

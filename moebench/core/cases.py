@@ -252,6 +252,4 @@ def shape_key(case: Case, shape_params: tuple[str, ...]) -> tuple:
 
 def varying_params(cases: list[Case]) -> tuple[str, ...]:
     """Parameters that take more than one value across cases (for short labels and tables)."""
-    if not cases:
-        return ()
-    return tuple(varying([c.params for c in cases], list(cases[0].params)))
+    return tuple(varying([c.params for c in cases]))

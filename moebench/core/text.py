@@ -74,11 +74,12 @@ def ordered(items: Iterable) -> list:
     return sorted(seen, key=key)
 
 
-def varying(rows: Sequence[dict], names: Iterable[str]) -> list[str]:
-    """The names whose set (non-None) values differ across `rows`: a launch parameter a variant
-    does not read is None there, and that alone does not make it vary."""
+def varying(rows: Sequence[dict], names: Iterable[str] | None = None) -> list[str]:
+    """The names (default: every key of `rows`, in order) whose set (non-None) values differ across
+    `rows`: a launch parameter a variant does not read is None there, and that alone does not make
+    it vary."""
     out = []
-    for n in names:
+    for n in (dict.fromkeys(k for r in rows for k in r) if names is None else names):
         values = {repr(r.get(n)) for r in rows if r.get(n) is not None and not (isinstance(r.get(n), float)
                                                                                and math.isnan(r.get(n)))}
         if len(values) > 1:

@@ -79,10 +79,6 @@ def twins(records: Sequence[Record]) -> list[Twin]:
     return out
 
 
-def _varying_shape(pairs: list[Twin]) -> list[str]:
-    return varying([p.shape for p in pairs], dict.fromkeys(k for p in pairs for k in p.shape))
-
-
 def _launch_text(p: Twin) -> str:
     keys = ("block_size", "grid", "num_blocks", "num_warps")
     return ", ".join(f"{k} {p.launch[k]}" for k in keys if k in p.launch)
@@ -115,7 +111,7 @@ def summary(pairs: list[Twin]) -> str:
 
 
 def table(pairs: list[Twin]) -> str:
-    vary = _varying_shape(pairs)
+    vary = varying([p.shape for p in pairs])
     rows = []
     for p in pairs:
         mark = {True: "yes", False: "**no**", None: "—"}[p.within]

@@ -148,10 +148,6 @@ def pivot_rows(t: pd.DataFrame, metric: str, corner: str | None = None) -> tuple
     return head, rows
 
 
-def markdown_table(t: pd.DataFrame, metric: str, corner: str | None = None) -> str:
-    return md_table(*pivot_rows(t, metric, corner))
-
-
 def beside_reference(records: list[Record], ref: Reference, rows: str, cols: str, metric: str,
                      param_names: list[str]) -> list[tuple[str, str, Any]]:
     """For `show --reference`: (kind, title, table) for each measured pivot ("measured"), the
@@ -238,7 +234,7 @@ def sweep_markdown(spec, records: list[Record], prov: dict) -> str:
             f"commit {prov.get('git_commit')}, {prov.get('timestamp')}"]
     if not host:
         out.append(f"- Correctness: **{verdict_line(records)}** (torch reference and `torch.equal` against the "
-                   f"baseline launch {_baseline_text(spec)})")
+                   f"baseline launch {params_text(spec.baseline or {}) or 'none'})")
         borrowed = spec.family.borrowed_work(r.variant for r in records)
         if borrowed:
             out.append(f"- Work model: {', '.join(f'`{v}`' for v in borrowed)} (plugin) "
@@ -269,7 +265,7 @@ def sweep_markdown(spec, records: list[Record], prov: dict) -> str:
     rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
     tables = pivots(records, rows, cols, metric, list(spec.family.params))
     for title, t in tables:
-        out += [f"## {metric}" + (f" — {title}" if title else ""), "", markdown_table(t, metric, f"{rows} \\ {cols}"), ""]
+        out += [f"## {metric}" + (f" — {title}" if title else ""), "", md_table(*pivot_rows(t, metric, f"{rows} \\ {cols}")), ""]
     if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
         out += [NOT_TAKEN_NOTE, ""]
     # a family may add sections of its own (e.g. combine's band table), after the pivots
@@ -287,11 +283,6 @@ def sweep_markdown(spec, records: list[Record], prov: dict) -> str:
                 for r in bad]
         out.append("")
     return "\n".join(out)
-
-
-def _baseline_text(spec) -> str:
-    b = spec.baseline or {}
-    return ", ".join(f"{k}={v}" for k, v in b.items()) or "none"
 
 
 def timer_text(t: dict) -> str:

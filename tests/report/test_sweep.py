@@ -4,7 +4,8 @@ import json
 
 from clirun import run_cli
 from moebench.core.records import Record
-from moebench.report.sweep import markdown_table, pivots, verdict_line
+from moebench.core.text import md_table
+from moebench.report.sweep import pivot_rows, pivots, verdict_line
 
 
 def rec(label, variant, cap, live, status="ok", ref="exact", us=None):
@@ -27,7 +28,7 @@ def test_pivot_keeps_integer_caps_and_marks_unread_params():
     (title, t), = pivots(rs, "grid_cap", "live_rows", "median_us", ["grid_cap", "live_rows"])
     assert list(t.index) == [("capped", 512), ("capped", 8192), ("legacy", "·")]  # no 512.0, no NaN
     assert t.loc[("capped", 512), 256] == 1.5 and t.loc[("capped", 512), 2048] == "✗ mismatch"
-    md = markdown_table(t, "median_us")
+    md = md_table(*pivot_rows(t, "median_us"))
     assert "| capped 512 | 1.50 | ✗ mismatch |" in md and "| legacy · | 1.60 | — |" in md
 
 
