@@ -504,7 +504,8 @@ def check_cases(d: Decision, family, records: list[Record]) -> list:
 def judge_check(d: Decision, cases: list, base: list[Record], emitted: list[Record]) -> list[dict]:
     """Per reading variant: the mix with and without the emitted environment, and whether the
     predicted gain held (the emitted mix interval wholly below the default's). Records not ok (an
-    upstream kernel `unavailable` here, an error) make the verdict "cannot check"."""
+    upstream kernel `unavailable` here, an error) or timed without an interval make the verdict
+    "cannot check"."""
     out = []
     for reader in d.switch.readers:
         arms, bad, used = [], [], []  # used: the emitted arm's launch values, and where they came from
@@ -514,11 +515,12 @@ def judge_check(d: Decision, cases: list, base: list[Record], emitted: list[Reco
                 if c.variant != reader:
                     continue
                 s = tuple(c.params.get(k) for k in d.over_keys)
-                t = metric_of(r)
-                if t is None:
-                    bad.append(f"{r.status}: {r.error or 'no time'}")
+                t, rel = metric_of(r), r.timing.get("rel_noise")
+                if t is None or rel is None:  # as in decide: a time without an interval cannot confirm a gain
+                    bad.append(f"{r.status}: {r.error or 'no time'}" if t is None else
+                               f"case {r.case_id}: a time without a stated interval (rel_noise)")
                     continue
-                a.us[s], a.rel[s], a.case_ids[s] = t, r.timing.get("rel_noise") or 0.0, r.case_id
+                a.us[s], a.rel[s], a.case_ids[s] = t, rel, r.case_id
                 if arm_i:
                     used.append((r.launch.get(d.switch.param), r.launch_from.get(d.switch.param)))
             arms.append(a)

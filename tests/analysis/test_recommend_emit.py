@@ -135,7 +135,7 @@ def test_cli_check_without_a_gpu_says_so(tmp_path, capsys):
     assert code == 2 and "cannot check here: no CUDA device" in err and "Traceback" not in err
 
 
-def _fake_runner(calls: list, emitted_us=None, status: str = "ok", read: bool = True):
+def _fake_runner(calls: list, emitted_us=None, status: str = "ok", read: bool = True, rel: float | None = 0.005):
     """Stands in for the run: a `shipped` count kernel whose time follows the block the switch gives
     it (the planted file's 128 and 64 times), or `emitted_us` under the switch."""
     doc = json.loads(REAL.read_text())
@@ -153,7 +153,7 @@ def _fake_runner(calls: list, emitted_us=None, status: str = "ok", read: bool = 
                               error="" if status == "ok" else "megatron-core is not installed",
                               params=c.params, launch={"block_size": block},
                               launch_from={"block_size": f"${VAR}" if VAR in environ else "shipped default"},
-                              timing={"median_us": us, "rel_noise": 0.005} if status == "ok" else {}))
+                              timing={"median_us": us, "rel_noise": rel} if status == "ok" else {}))
         return out
 
     return run
@@ -204,6 +204,13 @@ def test_cli_check_says_when_the_gain_did_not_hold(tmp_path, capsys, monkeypatch
     monkeypatch.setattr(gpu, "run_cases", _fake_runner([], emitted_us=50.0))
     code, _, err = run_cli(["recommend", str(_planted(tmp_path)), "--emit", "json", "--check"], capsys)
     assert code == 1 and "did not hold" in err
+
+
+def test_cli_check_without_an_interval_cannot_check(tmp_path, capsys, monkeypatch, gpu):
+    """As decide refuses to emit on a time without an interval, --check refuses to call it held."""
+    monkeypatch.setattr(gpu, "run_cases", _fake_runner([], rel=None))
+    code, _, err = run_cli(["recommend", str(_planted(tmp_path)), "--emit", "env", "--check"], capsys)
+    assert code == 2 and "cannot check here" in err and "without a stated interval" in err
 
 
 def test_cli_check_notices_a_switch_that_was_not_read(tmp_path, capsys, monkeypatch, gpu):
