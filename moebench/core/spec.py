@@ -169,10 +169,10 @@ def _exists(p: Path) -> bool:
 
 
 def _builtin(folder: str) -> list[Path]:
-    """The YAML files of `folder` (sweeps, configs) in the project root and the working directory;
-    the project's own win a name clash."""
+    """The YAML files of `folder` (sweeps, configs) in the working directory and the project root;
+    the working directory's win a name clash, as a name resolves (resolve_spec_path, the model's)."""
     seen: dict[str, Path] = {}
-    for base in (PACKAGE_ROOT, Path.cwd()):
+    for base in (Path.cwd(), PACKAGE_ROOT):
         for q in sorted((base / folder).glob("*.yaml")):
             seen.setdefault(q.stem, q)
     return [seen[k] for k in sorted(seen)]

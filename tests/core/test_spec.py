@@ -400,6 +400,15 @@ def test_names_resolve_to_builtin_sweeps():
     assert "qwen3-30b-a3b" in {p.stem for p in builtin_models()}
 
 
+def test_a_sweep_of_the_working_directory_wins_a_name_clash_in_list_as_when_run(tmp_path, monkeypatch):
+    (tmp_path / "sweeps").mkdir()
+    mine = tmp_path / "sweeps" / "count-block.yaml"
+    mine.write_text((PACKAGE_ROOT / "sweeps" / "count-block.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert resolve_spec_path("count-block").resolve() == mine.resolve()
+    assert [p.resolve() for p in builtin_sweeps() if p.stem == "count-block"] == [mine.resolve()]
+
+
 @pytest.mark.parametrize("path", builtin_sweeps(), ids=lambda p: p.stem)
 def test_every_builtin_sweep_loads_and_expands(path):
     spec = load_spec(str(path))
