@@ -81,9 +81,9 @@ class Param:
         if self.pow2 and (value <= 0 or value & (value - 1)):
             return f"must be a power of two, got {value}"
         if self.min is not None and value < self.min:
-            return f"must be >= {self.min:g}, got {value}"
+            return f"must be >= {_bound(self.min)}, got {value}"
         if self.max is not None and value > self.max:
-            return f"must be <= {self.max:g}, got {value}"
+            return f"must be <= {_bound(self.max)}, got {value}"
         return None
 
     def allowed(self) -> str:
@@ -96,11 +96,18 @@ class Param:
             bits.append("a power of two")
         else:
             bits.append({int: "an integer", float: "a number", str: "a string", bool: "true or false"}[self.type])
-        if self.min is not None:
-            bits.append(f">= {self.min:g}")
-        if self.max is not None:
-            bits.append(f"<= {self.max:g}")
+        if self.min is not None and self.max is not None:
+            bits.append(f"from {_bound(self.min)} to {_bound(self.max)}")
+        elif self.min is not None:
+            bits.append(f">= {_bound(self.min)}")
+        elif self.max is not None:
+            bits.append(f"<= {_bound(self.max)}")
         return " ".join(bits)
+
+
+def _bound(x: float) -> str:
+    """A bound as written: every digit of a whole number (1048576, not :g's 1.04858e+06)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 @dataclass

@@ -131,3 +131,11 @@ def test_unknown_launch_parameter_and_double_registration_are_refused():
     with pytest.raises(ValueError, match="registered twice"):
         fam.variant("a", doc="", params=("w",))(lambda *a: None)
     assert "toy2" not in catalogue()
+
+
+def test_a_bound_is_written_with_every_digit():
+    grid = Param("grid", int, min=0, max=1 << 20)
+    assert grid.allowed() == "an integer from 0 to 1048576"
+    assert grid.check((1 << 20) + 1) == "must be <= 1048576, got 1048577"
+    assert Param("s", float, min=0.5).allowed() == "a number >= 0.5"
+    assert Param("k", int, max=64).check(65) == "must be <= 64, got 65"
