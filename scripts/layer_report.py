@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))  # the checkout's moebench, run from anywhere
 from moebench.analysis.ab import separation_cell  # noqa: E402
 from moebench.core.records import load_results  # noqa: E402
 from moebench.core.store import atomic_write_text  # noqa: E402
-from moebench.report.ties import TIE_NOTE, fastest, fastest_text, full_labels  # noqa: E402
+from moebench.analysis import TIE_NOTE, fastest  # noqa: E402
+from moebench.report.ties import fastest_text, full_labels  # noqa: E402
 from moebench.core.text import md_table, num  # noqa: E402
 from moebench.report.sections.layer import SEPARATION_LEGEND, conversions  # noqa: E402
 

@@ -74,6 +74,30 @@ def params_text(params: dict, keys: Sequence[str] | None = None) -> str:
     return ", ".join(f"{k}={params.get(k)}" for k in keys)
 
 
+def half_width(r: Record) -> float:
+    """The ~95% half-width of a record's median_us (rel_noise x median); 0 without a noise estimate."""
+    m = r.timing.get("median_us")
+    return abs(m * (r.timing.get("rel_noise") or 0.0)) if m is not None else 0.0
+
+
+def fastest(records: list[Record]) -> list[Record]:
+    """The timed record with the least median_us first, then every other whose interval (median ±
+    half_width) overlaps the fastest's, fastest first. More than one is a tie: the numbers do not
+    say which of them is faster, so a page names them all instead of picking a winner inside the
+    noise."""
+    timed = sorted((r for r in records if r.status == "ok" and r.timing.get("median_us") is not None),
+                   key=lambda r: r.timing["median_us"])
+    if not timed:
+        return []
+    best = timed[0]
+    top = best.timing["median_us"] + half_width(best)
+    return [best] + [r for r in timed[1:] if r.timing["median_us"] - half_width(r) <= top]
+
+
+TIE_NOTE = ("the fastest configuration's ~95% interval (median ± its rel_noise) overlaps those of the others "
+            "named with it, so these numbers do not say which of them is faster.")
+
+
 def describe(keys: Sequence[str], values: Sequence[Any]) -> str:
     return params_text(dict(zip(keys, values)), keys) or "all"
 

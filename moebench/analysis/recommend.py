@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from moebench.analysis import describe, metric_of, value_of, varying_keys
+from moebench.analysis import TIE_NOTE, describe, fastest, metric_of, value_of, varying_keys
 from moebench.analysis.comparable import file_noise
 from moebench.core.cases import Case, case_id
 from moebench.core.text import ordered
@@ -25,7 +25,8 @@ class ConfigRegret:
     worst: float
     worst_at: tuple | None
     weighted: float | None  # sum(w * regret) / sum(w) over the weighted shapes
-    wins: list[tuple]  # shapes where this configuration is the best
+    wins: list[tuple]  # shapes where this configuration is the fastest and no other's interval overlaps its
+    ties: list[tuple] = field(default_factory=list)  # shapes where it is among the tied fastest (fastest's rule)
 
 
 @dataclass
@@ -40,9 +41,12 @@ class Recommendation:
     weights: dict[tuple, float] | None = None
     weighted_choice: ConfigRegret | None = None
     metric: str = "median_us"
+    tied: dict[tuple, list[tuple]] = field(default_factory=dict)  # shape -> the configs tied for the fastest
 
     def config_text(self, c: ConfigRegret) -> str:
-        return describe(self.config_keys, c.config)
+        """The configuration's values, leaving out the parameters its variant does not take."""
+        keys = [k for k, v in zip(self.config_keys, c.config) if v is not None]
+        return describe(keys, [v for v in c.config if v is not None])
 
     def shape_text(self, s: tuple | None) -> str:
         return describe(self.over_keys, s) if s is not None else "—"
@@ -121,7 +125,9 @@ def regret_table(records: list[Record], over: list[str], config_keys: list[str],
     """Regret of each configuration at each shape: time / the shape's best time - 1. The robust
     choice minimises the worst-case regret across shapes (ties: the lower weighted, then mean,
     regret); with weights, the weighted choice minimises the weighted mean regret instead. A
-    configuration with no time at some shape (failed, untimed) has infinite regret there."""
+    configuration with no time at some shape (failed, untimed) has infinite regret there. Where the
+    fastest's ~95% interval overlaps others' (moebench.analysis.fastest, median_us only), the shape
+    is a tie: none of them is its winner."""
     groups: dict[tuple, list[Record]] = {}
     for r in records:
         groups.setdefault(tuple(value_of(r, k) for k in group_keys), []).append(r)
@@ -131,6 +137,7 @@ def regret_table(records: list[Record], over: list[str], config_keys: list[str],
     for gkey in ordered(groups):
         recs = groups[gkey]
         table: dict[tuple, dict[tuple, float | None]] = {}
+        rec_at: dict[tuple, dict[tuple, Record]] = {}  # shape -> config -> the record of its time
         for r in recs:
             cfg = tuple(value_of(r, k) for k in config_keys)
             shape = tuple(value_of(r, k) for k in over)
@@ -138,15 +145,20 @@ def regret_table(records: list[Record], over: list[str], config_keys: list[str],
             row = table.setdefault(cfg, {})
             if t is not None or shape not in row:
                 row[shape] = t
+                rec_at.setdefault(shape, {})[cfg] = r
         shapes = [s for s in ordered(s for row in table.values() for s in row)
                   if any(row.get(s) is not None for row in table.values())]
         if not shapes:
             continue
         best: dict[tuple, tuple[tuple, float]] = {}
+        tied: dict[tuple, list[tuple]] = {}
         for s in shapes:
             cands = [(t, cfg) for cfg, row in table.items() if (t := row.get(s)) is not None]
             t, cfg = min(cands, key=lambda x: x[0])
             best[s] = (cfg, t)
+            top = {id(r) for r in fastest(list(rec_at[s].values()))} if metric == "median_us" else set()
+            if len(top) > 1:
+                tied[s] = [c for c, r in rec_at[s].items() if id(r) in top]
         configs = []
         for cfg in ordered(table):
             row = table[cfg]
@@ -159,8 +171,9 @@ def regret_table(records: list[Record], over: list[str], config_keys: list[str],
                 ws = [(w, regrets[s]) for s, w in weights.items() if s in regrets and w > 0]
                 tot = sum(w for w, _ in ws)
                 weighted = sum(w * r for w, r in ws) / tot if tot else None
-            wins = [s for s in shapes if best[s][0] == cfg]
-            configs.append(ConfigRegret(cfg, times, regrets, regrets[worst_at], worst_at, weighted, wins))
+            wins = [s for s in shapes if best[s][0] == cfg and s not in tied]
+            ties = [s for s in shapes if cfg in tied.get(s, ())]
+            configs.append(ConfigRegret(cfg, times, regrets, regrets[worst_at], worst_at, weighted, wins, ties))
 
         def key(c: ConfigRegret):
             mean_r = sum(c.regrets.values()) / len(c.regrets)
@@ -171,7 +184,7 @@ def regret_table(records: list[Record], over: list[str], config_keys: list[str],
         if weights and any(c.weighted is not None for c in configs):
             wchoice = min((c for c in configs if c.weighted is not None), key=lambda c: (c.weighted, c.worst))
         out.append(Recommendation(gkey, config_keys, over, shapes, best, configs, robust,
-                                  weights, wchoice, metric))
+                                  weights, wchoice, metric, tied))
     if not out:
         raise UsageError(f"no {metric} in these results: recommend needs timed results (a GPU sweep; an "
                          "interpreter run checks correctness only)")
@@ -190,16 +203,18 @@ def explain(rec: Recommendation) -> list[str]:
     lines.append(f"Robust choice (minimax regret): {rec.config_text(r)} — never more than "
                  f"{100 * r.worst:.1f}% off the per-shape best (worst at {rec.shape_text(at)}: "
                  f"{_t(r.times[at])} vs {_t(rec.best[at][1])} µs).")
-    if not r.wins:
-        lines.append("It is the fastest at no swept shape: the right point on the curve, not the minimum.")
+    if r.wins or r.ties:
+        lines.append("It is also " + _fastest_at(rec, r) + ".")
     else:
-        lines.append(f"It is also the fastest at {rec.shapes_text(r.wins)}.")
+        lines.append("It is the fastest at no swept shape: the right point on the curve, not the minimum.")
     for c in rec.configs:
-        if c is r or not c.wins:
-            continue
+        if c is r or not (c.wins or any(rec.best[s][0] == c.config for s in c.ties)):
+            continue  # named where it wins, or has the least time inside a tie
         tail = (f"but {100 * c.worst:.1f}% off the best at {rec.shape_text(c.worst_at)}"
                 if math.isfinite(c.worst) else f"but has no time at {rec.shape_text(c.worst_at)}")
-        lines.append(f"{rec.config_text(c)} is the fastest at {rec.shapes_text(c.wins)}, {tail}.")
+        lines.append(f"{rec.config_text(c)} is {_fastest_at(rec, c)}, {tail}.")
+    if rec.tied:
+        lines.append(f"Tie at {rec.shapes_text(list(rec.tied))}: {TIE_NOTE}")
     if rec.weights is not None and rec.weighted_choice is not None:
         w = ", ".join(f"{rec.shape_text(s)}: {v:g}" for s, v in rec.weights.items())
         wc = rec.weighted_choice
@@ -207,6 +222,14 @@ def explain(rec: Recommendation) -> list[str]:
                      f"{100 * wc.weighted:.1f}%" + (" — the same choice." if wc is r else
                                                     f"; the robust choice's is {100 * r.weighted:.1f}%."))
     return lines
+
+
+def _fastest_at(rec: Recommendation, c: ConfigRegret) -> str:
+    """"the fastest at tokens=256 and tied for the fastest at tokens=4096"."""
+    parts = [f"the fastest at {rec.shapes_text(c.wins)}"] if c.wins else []
+    if c.ties:
+        parts.append(f"tied for the fastest at {rec.shapes_text(c.ties)}")
+    return " and ".join(parts)
 
 
 def _t(v: float | None) -> str:

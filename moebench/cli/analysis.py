@@ -40,6 +40,7 @@ from moebench.core.text import num, printable
 from moebench.errors import ExitCode, UsageError
 from moebench.report.pr import ab_page
 from moebench.report.conformance import page as conformance_page, rows as conformance_rows, twins
+from moebench.report.ties import NOT_TAKEN
 
 app = typer.Typer()
 
@@ -433,7 +434,8 @@ def _compare_rows(rep) -> tuple[list[str], list[list]]:
 
 
 def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
-    """Cells: the time, and its regret against the shape's best ("best" for the winner), printable."""
+    """Cells: the time, and its regret against the shape's best ("best" for the winner; "tie" where the
+    fastest's interval overlaps others', on each of them), printable."""
     single = len(rec.over_keys) == 1
     corner = " / ".join(rec.config_keys) + (f" \\ {rec.over_keys[0]}" if single else "")
     head = [corner] + [str(s[0]) if single else rec.shape_text(s) for s in rec.shapes] + ["worst", "at"]
@@ -442,15 +444,15 @@ def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
     head.append("choice")
     rows = []
     for c in rec.configs:
-        cells = [", ".join(str(v) for v in c.config)]
+        cells = [", ".join(NOT_TAKEN if v is None else str(v) for v in c.config)]
         for s in rec.shapes:
             t = c.times.get(s)
             if t is None:
                 cells.append("✗")
-            elif rec.best[s][0] == c.config:
-                cells.append(f"{t:.2f} best")
             else:
-                cells.append(f"{t:.2f} +{100 * c.regrets[s]:.1f}%")
+                tie = " tie" if s in c.ties else ""
+                cells.append(f"{t:.2f} " + ("best" if not tie else "tie") if rec.best[s][0] == c.config else
+                             f"{t:.2f} +{100 * c.regrets[s]:.1f}%{tie}")
         cells.append(f"{100 * c.worst:.1f}%" if math.isfinite(c.worst) else "∞")
         cells.append(str(c.worst_at[0]) if single and c.worst_at else rec.shape_text(c.worst_at))
         if rec.weights:

@@ -282,10 +282,33 @@ def test_recommend_weighted_and_through_a_results_file(tmp_path, monkeypatch, ca
     path = write(tmp_path / "count-block.json", seed_table_records())
     code, out, _ = cli(monkeypatch, capsys, "recommend", path, "--weights", "256=0.7,16384=0.3", "--markdown")
     assert code == 0
-    row = "| 128 | 2.11 +2.9% | 2.44 +3.8% | 4.66 +2.2% | 13.34 +0.6% | 3.8% | 1024 | 2.2% | robust, weighted |"
-    assert row in out
+    # 13.34 ± 0.4% at 16384 overlaps block 256's 13.26 ± 0.4%: a tie there, marked on both cells
+    row = "| 128 | 2.11 +2.9% | 2.44 +3.8% | 4.66 +2.2% | 13.34 +0.6% tie | 3.8% | 1024 | 2.2% | robust, weighted |"
+    assert row in out and "| 13.26 tie |" in out
     code, _, err = cli(monkeypatch, capsys, "recommend", path, "--weights", "512=1")
     assert code == 2 and "tokens=512 was not swept" in one_line(err)
+
+
+def test_recommend_calls_a_winner_inside_the_noise_a_tie():
+    """A shape whose fastest median lies within noise of another's has no winner: both are tied,
+    neither 'is the fastest' there, and the table and the argument say so."""
+    def recs(noise):
+        return [count_rec(b, t, us, noise=noise) for b, t, us in
+                ((64, 256, 2.00), (128, 256, 2.02), (64, 16384, 9.0), (128, 16384, 8.0))]
+
+    clear = _seed_recommendation(recs(0.001))
+    assert clear.tied == {} and [c.wins for c in clear.configs] == [[(256,)], [(16384,)]]
+    text = "\n".join(explain(clear))
+    assert "It is also the fastest at tokens=16384" in text and "Tie" not in text
+
+    tied = _seed_recommendation(recs(0.01))  # 2.00 ± 1% and 2.02 ± 1% overlap; 8.0 vs 9.0 does not
+    assert tied.tied == {(256,): [(64,), (128,)]}
+    by = {c.config[0]: c for c in tied.configs}
+    assert by[64].wins == [] and by[64].ties == [(256,)] and by[128].ties == [(256,)]
+    text = "\n".join(explain(tied))
+    assert tied.robust.config == (128,) and "It is also the fastest at tokens=16384 and tied for the fastest at tokens=256" in text
+    assert "block_size=64 is tied for the fastest at tokens=256, but 12.5% off" in text
+    assert "Tie at tokens=256:" in text and "do not say which of them is faster" in text
 
 
 def test_recommend_failed_cell_is_never_robust():

@@ -121,7 +121,8 @@ def test_a_shared_axis_still_splits_with_integer_titles():
 
 
 def test_fastest_names_a_tie_inside_the_noise():
-    from moebench.report.ties import fastest, fastest_text
+    from moebench.analysis import fastest
+    from moebench.report.ties import fastest_text
 
     a, b, c = lrec("upstream", 2.1336, 0.029), lrec("capped", 2.1881, 0.035), lrec("legacy", 3.11, 0.01)
     assert fastest([c, b, a]) == [a, b]

@@ -10,7 +10,8 @@ from typing import Any
 from moebench.analysis import params_text
 from moebench.analysis.ab import Arm, ab_stats, separation_cell
 from moebench.core.text import md_table, num, varying
-from moebench.report.ties import TIE_NOTE, fastest, full_labels, half_width
+from moebench.analysis import TIE_NOTE, fastest, half_width
+from moebench.report.ties import full_labels
 
 # The keys a case varies that are not the configuration under test: what tells shapes apart.
 _SHAPE = ("tokens", "buffer_tokens", "local_experts", "op", "hidden", "ffn", "topk")
