@@ -449,10 +449,10 @@ def _regret_rows(rec) -> tuple[list[str], list[list[str]]]:
             t = c.times.get(s)
             if t is None:
                 cells.append("✗")
+            elif rec.best[s][0] == c.config:
+                cells.append(f"{t:.2f} " + ("tie" if s in c.ties else "best"))
             else:
-                tie = " tie" if s in c.ties else ""
-                cells.append(f"{t:.2f} " + ("best" if not tie else "tie") if rec.best[s][0] == c.config else
-                             f"{t:.2f} +{100 * c.regrets[s]:.1f}%{tie}")
+                cells.append(f"{t:.2f} +{100 * c.regrets[s]:.1f}%" + (" tie" if s in c.ties else ""))
         cells.append(f"{100 * c.worst:.1f}%" if math.isfinite(c.worst) else "∞")
         cells.append(str(c.worst_at[0]) if single and c.worst_at else rec.shape_text(c.worst_at))
         if rec.weights:

@@ -625,3 +625,18 @@ def test_min_detectable_is_the_two_sample_power_formula():
     assert min_detectable(0.5, 0.5, 10, 10) == pytest.approx(min_detectable(1.0, 1.0, 10, 10) / 2)
     assert min_detectable(1.0, 1.0, 1, 10) == math.inf
     assert min_detectable(1.0, 1.0, 10, 10, power=0.9) > min_detectable(1.0, 1.0, 10, 10)
+
+
+@pytest.mark.parametrize("page", sorted(Path(__file__).parents[2].glob("results/*/recommend-*.md")), ids=lambda p: p.name)
+def test_a_committed_recommend_page_is_what_its_command_prints(page, monkeypatch, capsys):
+    """Each recommend page names its command on its third line; the table and the argument under
+    its header are that command's output today, from the results file it names."""
+    import re
+    import shlex
+
+    lines = page.read_text().splitlines()
+    (cmd,) = re.findall(r"`moebench (recommend [^`]+)`", lines[2])
+    monkeypatch.chdir(page.parents[2])
+    code, out, _ = cli(monkeypatch, capsys, *shlex.split(cmd))
+    body = lines[lines.index("", 3) + 1:]
+    assert code == 0 and out.splitlines()[2:] == body

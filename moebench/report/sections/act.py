@@ -1,7 +1,7 @@
 """The act family's part of a sweep's results page (records only)."""
 
-from moebench.core.text import md_table, num
 from moebench.analysis import TIE_NOTE, fastest
+from moebench.core.text import md_table, num
 from moebench.report.ties import fastest_text
 
 # The seed's decode shape: 256 tokens x top-8 = 2048 live rows.

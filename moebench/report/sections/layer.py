@@ -7,10 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from moebench.analysis import params_text
+from moebench.analysis import TIE_NOTE, fastest, half_width, params_text
 from moebench.analysis.ab import Arm, ab_stats, separation_cell
 from moebench.core.text import md_table, num, varying
-from moebench.analysis import TIE_NOTE, fastest, half_width
 from moebench.report.ties import full_labels
 
 # The keys a case varies that are not the configuration under test: what tells shapes apart.
