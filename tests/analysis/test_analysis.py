@@ -385,6 +385,31 @@ def test_plot_count_with_reference(tmp_path, monkeypatch, capsys):
     _png(tmp_path / "d.png")
 
 
+def test_plot_rings_the_fastest_point_and_every_tie_with_it():
+    from moebench.analysis.plot import _ring_fastest
+
+    class Axes:  # what was drawn, by call
+        def __init__(self):
+            self.rings, self.bars, self.legend = [], [], []
+
+        def plot(self, xs, ys=None, *a, label=None, **k):
+            (self.legend if label else self.rings).append(list(zip(xs, ys or [])))
+
+        def errorbar(self, xs, ys, yerr, **k):
+            self.bars.append(yerr)
+
+    line = {("256",): [(64, 2.00), (128, 2.02), (256, 2.50)]}
+    ax = Axes()
+    _ring_fastest(ax, line, {("256",): [(64, 0.02), (128, 0.02), (256, 0.02)]}, {"256": "C0"})
+    assert ax.rings == [[(64, 2.00), (128, 2.02)]] and ax.bars == [[0.02, 0.02, 0.02]]  # 2.02 - 0.02 <= 2.02
+    ax = Axes()
+    _ring_fastest(ax, line, {("256",): [(64, 0.001), (128, 0.001), (256, 0.001)]}, {"256": "C0"})
+    assert ax.rings == [[(64, 2.00)]]  # separated: the minimum alone
+    ax = Axes()
+    _ring_fastest(ax, line, {}, {"256": "C0"})  # no stated intervals: no bars, the minimum alone
+    assert ax.rings == [[(64, 2.00)]] and ax.bars == []
+
+
 def test_plot_act_with_and_without_floor(tmp_path):
     from moebench.analysis.plot import plot_results
 
