@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from moebench.core.records import Record, load_results
 from moebench.core.text import varying
@@ -80,18 +80,21 @@ def half_width(r: Record) -> float:
     return abs(m * (r.timing.get("rel_noise") or 0.0)) if m is not None else 0.0
 
 
-def fastest(records: list[Record]) -> list[Record]:
-    """The timed record with the least median_us first, then every other whose interval (median ±
-    half_width) overlaps the fastest's, fastest first. More than one is a tie: the numbers do not
-    say which of them is faster, so a page names them all instead of picking a winner inside the
-    noise."""
-    timed = sorted((r for r in records if r.status == "ok" and r.timing.get("median_us") is not None),
-                   key=lambda r: r.timing["median_us"])
-    if not timed:
+def tied_with_least(items: Sequence, time: Callable[[Any], float], half: Callable[[Any], float]) -> list:
+    """The item of least time first, then every other whose interval (time ± half) overlaps its
+    own, by time. More than one is a tie: the numbers do not say which of them is faster, so a page,
+    `recommend` and `plot` name them all instead of picking a winner inside the noise."""
+    ranked = sorted(items, key=time)
+    if not ranked:
         return []
-    best = timed[0]
-    top = best.timing["median_us"] + half_width(best)
-    return [best] + [r for r in timed[1:] if r.timing["median_us"] - half_width(r) <= top]
+    top = time(ranked[0]) + half(ranked[0])
+    return ranked[:1] + [x for x in ranked[1:] if time(x) - half(x) <= top]
+
+
+def fastest(records: list[Record]) -> list[Record]:
+    """The timed records tied with the least median_us (tied_with_least, half_width), fastest first."""
+    timed = [r for r in records if r.status == "ok" and r.timing.get("median_us") is not None]
+    return tied_with_least(timed, lambda r: r.timing["median_us"], half_width)
 
 
 TIE_NOTE = ("the fastest configuration's ~95% interval (median ± its rel_noise) overlaps those of the others "

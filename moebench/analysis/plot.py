@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from moebench.analysis import half_width, metric_of, value_of, varying_keys
+from moebench.analysis import half_width, metric_of, tied_with_least, value_of, varying_keys
 from moebench.analysis.pages import builtin_family
 from moebench.analysis.reference import Reference
 from moebench.core.family import Preset
@@ -98,7 +98,7 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
     fig, axes = _figure(len(panels))
     ax = axes[0]
     xs_all = _solid(ax, lines, colours, markers, lambda key: _series_label(p.series, key, others))
-    _ring_fastest(ax, lines, _lines(records, p, others, _half(metric)) if metric == "median_us" else {}, colours)
+    _ring_fastest(ax, lines, _lines(records, p, others, _half) if metric == "median_us" else {}, colours)
     floor_drawn = False
     if p.floor_panel:  # the floor each line is read against, dotted, in its colour
         for key, pts in _lines(records, p, others, _metric("floor_us")).items():
@@ -158,7 +158,7 @@ def _solid(ax, lines: dict, colours: dict, markers: dict, label: Callable[[tuple
 
 def _ring_fastest(ax, lines: dict, halves: dict, colours: dict) -> None:
     """On each line of 3 or more points, its least median ringed, and with it every point whose ~95%
-    interval (drawn as a bar) overlaps the least one's: a tie, by moebench.analysis.fastest's rule."""
+    interval (drawn as a bar) overlaps the least one's: a tie (moebench.analysis.tied_with_least)."""
     ringed = False
     for key, pts in lines.items():
         h = dict(halves.get(key, ()))  # x -> half-width
@@ -168,9 +168,7 @@ def _ring_fastest(ax, lines: dict, halves: dict, colours: dict) -> None:
                         capsize=2)
         if len(pts) < 3:
             continue
-        low_x, low_y = min(pts, key=lambda xy: xy[1])
-        top = low_y + h.get(low_x, 0.0)
-        tied = [(x, y) for x, y in pts if y - h.get(x, 0.0) <= top]
+        tied = tied_with_least(pts, lambda xy: xy[1], lambda xy: h.get(xy[0], 0.0))
         ax.plot(*zip(*tied), "o", ms=11, mfc="none", mec=colours[key[0]], mew=1.4)
         ringed = True
     if ringed:
@@ -178,9 +176,9 @@ def _ring_fastest(ax, lines: dict, halves: dict, colours: dict) -> None:
                 label="ringed: fastest" + (" and ties (bars: ~95% intervals)" if halves else ""))
 
 
-def _half(metric: str) -> Callable[[Record], float | None]:
+def _half(r: Record) -> float | None:
     """The ~95% half-width of a record's timed median, where it states one."""
-    return lambda r: half_width(r) if metric_of(r, metric) is not None and r.timing.get("rel_noise") else None
+    return half_width(r) if metric_of(r) is not None and r.timing.get("rel_noise") else None
 
 
 def _dashed(ax, lines: dict, colours: dict, label: Callable[[tuple], str], style: str = "--s", lw: float = 1.3) -> set:
