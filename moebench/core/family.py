@@ -63,18 +63,11 @@ class Param:
 
     def check(self, value: Any) -> str | None:
         """What was expected, if `value` is not acceptable; else None."""
-        if self.type is int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                return f"expected an integer, got {show(value)}"
-        elif self.type is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                return f"expected a number, got {show(value)}"
-        elif self.type is str:
-            if not isinstance(value, str):
-                return f"expected a string, got {show(value)}"
-        elif self.type is bool:
-            if not isinstance(value, bool):
-                return f"expected true or false, got {show(value)}"
+        if self.type in _KINDS:
+            accepts, name = _KINDS[self.type]
+            # isinstance(True, int) holds, but a bool is only a bool here
+            if not isinstance(value, accepts) or (isinstance(value, bool) and self.type is not bool):
+                return f"expected {name}, got {show(value)}"
         choices = self.accepted()
         if choices is not None and value not in choices:
             return f"expected one of {', '.join(map(str, choices))}; got {show(value)}"
@@ -95,7 +88,7 @@ class Param:
         if self.pow2:
             bits.append("a power of two")
         else:
-            bits.append({int: "an integer", float: "a number", str: "a string", bool: "true or false"}[self.type])
+            bits.append(_KINDS[self.type][1])
         if self.min is not None and self.max is not None:
             bits.append(f"from {_bound(self.min)} to {_bound(self.max)}")
         elif self.min is not None:
@@ -103,6 +96,15 @@ class Param:
         elif self.max is not None:
             bits.append(f"<= {_bound(self.max)}")
         return " ".join(bits)
+
+
+# a parameter type: the values it accepts (a bool is not a number here), and its name in messages
+_KINDS = {
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+    bool: ((bool,), "true or false"),
+}
 
 
 def _bound(x: float) -> str:

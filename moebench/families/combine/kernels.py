@@ -131,10 +131,9 @@ def evaluate_new(params: dict) -> dict:
 
 def evaluate(params: dict, rule: str) -> dict:
     """One case under one rule: the sizing and the path taken."""
-    extra = {"compact_npes": params["compact_npes"]} if rule == "old" else {}
     s = size(rule, params["world"], params["topk"], params["hidden"], params["warps"],
              budget=params["budget"], tdm=params["tdm"], dtype=params["dtype"],
-             use_weights=params["use_weights"], **extra)
+             use_weights=params["use_weights"], compact_npes=params["compact_npes"])
     return asdict(s)
 
 
@@ -154,6 +153,22 @@ SEED_FIGURES = (
     ("new", 8, 6, 3, 234240, PULL),
     ("new", 16, 8, 3, 312320, PULL),
 )
+
+
+SHAPE_KEYS = ("world", "topk", *SEED_SHAPE)
+
+
+def by_rule(records) -> dict[str, dict[tuple, dict]]:
+    """rule -> shape (SHAPE_KEYS values) -> work, over the ok records (old at its shipped compact_npes only)."""
+    out: dict[str, dict[tuple, dict]] = {"old": {}, "new": {}}
+    for r in records:
+        rule = r.work.get("rule")
+        if r.status != "ok" or rule not in out:
+            continue
+        if rule == "old" and r.params.get("compact_npes") != _COMPACT_NPES:
+            continue
+        out[rule][tuple(r.params[k] for k in SHAPE_KEYS)] = r.work
+    return out
 
 
 @dataclass(frozen=True)
@@ -178,17 +193,10 @@ class FigureCheck:
 def seed_figures(records: list | None = None) -> list[FigureCheck]:
     """The eight seed figures against the model: read from the sweep's records where the sweep
     has the shape at the seed defaults, else computed directly."""
-    found = {}
-    for r in records or ():
-        p = r.params
-        if r.status != "ok" or any(p.get(k) != v for k, v in SEED_SHAPE.items()):
-            continue
-        if r.work.get("rule") == "old" and p.get("compact_npes") != _COMPACT_NPES:
-            continue
-        found[(r.work.get("rule"), p["world"], p["topk"])] = r.work
+    found = by_rule(records or ())
     out = []
     for rule, world, topk, chunks, nbytes, path in SEED_FIGURES:
-        w, source = found.get((rule, world, topk)), "sweep"
+        w, source = found[rule].get((world, topk, *SEED_SHAPE.values())), "sweep"
         if w is None:
             s = size(rule, world, topk, SEED_SHAPE["hidden"], SEED_SHAPE["warps"])
             w, source = {"chunks": s.chunks, "lds_bytes": s.lds_bytes, "path": s.path}, "model"

@@ -1,21 +1,6 @@
-"""Layer family: one whole MoE layer step (or L of them) around the count and activation kernels,
-to measure what a microbenchmark win is worth once the kernel has neighbours.
-
-The step, captured in one CUDA graph at capacity T tokens with the live count V in a device
-scalar: top-k routing -> token count (a `count` variant) -> expert offsets -> permute -> FC1
-grouped GEMM -> activation (an `act` variant) -> FC2 grouped GEMM -> unpermute/combine. The count
-and activation kernels are not this family's: a case names a variant of each family and its
-launch parameters (`count_variant`, `count_block_size`, `act_variant`, `act_grid_cap`, ...), and
-kernels.py builds them through those families' own resolve + builder. So every variant of those
-families, present or added later, runs inside the layer unchanged.
-
-`scope` picks what one launch is: `step` (the layer, or `layers` of them with distinct weights),
-or `count` / `act`: that kernel alone, on the very tensors the layer step produced (the layer's
-routing map, its FC1 output), timed the same way. An `ab` over the three scopes gives the
-isolated saving, the in-layer saving and the 48-layer saving of one change in one interleaved
-run; moebench.report.sections.layer turns them into the conversion table.
-
-Torch-free: the catalogue. The pages' sections are in moebench.report.sections.layer.
+"""Layer family: one whole MoE layer step (or L of them) around a `count` and an `act` variant,
+or that kernel alone on the step's tensors (`scope`); docs/layer.md describes it. Torch-free: the
+catalogue. kernels.py has the stages; the pages' sections are in moebench.report.sections.layer.
 """
 
 from __future__ import annotations
@@ -24,7 +9,7 @@ from typing import Mapping
 
 from moebench.core.family import FamilySpec, Param, REQUIRED, VariantSpec, get_family
 from moebench.families.act import FAMILY as ACT
-from moebench.families.act import GATED_OPS, OPS
+from moebench.families.act import OPS, widths  # (FC1 output width W, activation output width N)
 from moebench.families.count import FAMILY as COUNT
 
 SCOPES = ("step", "count", "act")
@@ -51,12 +36,6 @@ def _delegated(fam: FamilySpec, prefix: str) -> list[Param]:
         out.append(Param(prefix + name, p.type, default=p.default, role="launch", choices=p.choices, pow2=p.pow2,
                          min=p.min, max=p.max, help=f"{fam.name} family's {name}: {p.help}"))
     return out
-
-
-def widths(params: dict) -> tuple[int, int]:
-    """(FC1 output width W, activation output width N): W = 2N for the gated ops."""
-    n = params["ffn"]
-    return (2 * n if params["op"] in GATED_OPS else n), n
 
 
 def capacity_rows(params: dict) -> int:

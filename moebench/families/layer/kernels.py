@@ -47,10 +47,10 @@ import triton.language as tl
 from moebench.core.family import Built, Check, cdiv, get_family, next_pow2
 from moebench.errors import Unavailable
 from moebench.families.act import PADDED_OPS
-from moebench.families.act.kernels import activation_ref, ordered_bits
+from moebench.families.act.kernels import _POISON_BITS as _ACT_POISON_BITS, _poisoned, activation_ref, check_rows
 from moebench.families.count import kernels as counting
 from moebench.families.count.kernels import _GUARD, _POISON as _COUNT_POISON
-from moebench.families.layer import FAMILY, _ROUTING, capacity_rows, expert_weight_bytes, widths
+from moebench.families.layer import FAMILY, capacity_rows, expert_weight_bytes, widths
 from moebench.sources import upstream
 
 # Live pairs one program of the place kernel reads per step of its walk: the whole decode map
@@ -68,14 +68,10 @@ _MAX_BLOCK_H = 1024
 # fp32 poison of the layer output, as bits: 0x7EED7EED is ~1.58e38, finite, so two untouched
 # rows compare equal (NaN would not) and no correct output comes near it.
 _OUT_POISON_BITS = 0x7EED7EED
-# bf16 poison of the activation output (the act family's choice, for the same reasons).
-_ACT_POISON_BITS = 0x7EED
 # The step's tolerance against the torch reference (see the module docstring): one bf16 ulp of
-# each contribution, plus this fraction of the token's output scale. And the activation's against
-# its own reference, in bf16 ulps (the act family's bound: only tl.sigmoid's fp32 rounding differs).
+# each contribution, plus this fraction of the token's output scale.
 _ULP_REL = 2.0 ** -7
 _CARRIED = 2.0 ** -4
-_ACT_ULP_BOUND = 1
 
 
 @triton.jit
@@ -337,8 +333,7 @@ class _Step:
         self.inp, self.params, self.device = inp, params, device
         self.g = _Geometry.of(params)
         W, N = widths(params)
-        shape = {**{n: params[n] for n in _ROUTING}, "seed": params["seed"]}
-        count, cq, self.count_from = _delegate(params, "count", shape)
+        count, cq, self.count_from = _delegate(params, "count", {})  # resolved with the step's routing shape
         count_inputs = count.load().Inputs
         self.counters = [count.build(params["count_variant"], count_inputs(
             routing_map=inp.routing_map[l], valid=inp.valid, counts_buf=inp.counts_buf, counts=inp.counts,
@@ -458,8 +453,7 @@ def reference(inp: Inputs, params: dict) -> Expected:
         rows = torch.arange(inp.rows) < n_used
         if params["op"] in PADDED_OPS:
             rows &= inp.perm.cpu() >= 0
-        act = torch.empty(inp.rows, N, dtype=torch.bfloat16)
-        act.view(torch.int16).fill_(_ACT_POISON_BITS)
+        act = _poisoned((inp.rows, N), "cpu")
         act[rows] = activation_ref(inp.fc1_out.cpu()[rows], params["op"], N)
         exp.act, exp.act_rows = act, rows
     return exp
@@ -473,20 +467,7 @@ def check(inp: Inputs, out: torch.Tensor, expected: Expected, params: dict) -> C
     if expected.scope == "count":
         return counting.check(inp, out, expected.counts, params)
     if expected.scope == "act":
-        got, rows = out.cpu(), expected.act_rows
-        bits = got.view(torch.int16)
-        problems = []
-        stray = int((bits[~rows] != _ACT_POISON_BITS).any(dim=1).sum())
-        if stray:
-            problems.append(f"{stray} rows past the rows in use or padded were written")
-        ulps = (ordered_bits(got[rows]) - ordered_bits(expected.act[rows])).abs()
-        worst = int(ulps.max()) if ulps.numel() else 0
-        if worst > _ACT_ULP_BOUND:
-            problems.append(f"max {worst} ulp > {_ACT_ULP_BOUND} against the torch activation")
-        if problems:
-            return Check(False, "; ".join(problems))
-        return Check(True, "exact" if worst == 0 else f"max {worst} ulp ({int((ulps > 0).sum())}/{ulps.numel()} "
-                                                        "elems differ)")
+        return check_rows(out, expected.act, expected.act_rows, [])
     # the step: routing equal to torch's, rows past V untouched, live rows within the bound
     for l in range(params["layers"]):
         same = (inp.routing_map[l, :V] == expected.routing_map[l]).all(dim=1)
@@ -647,17 +628,9 @@ def build_step(inp: Inputs, params: dict, device) -> Built:
         return Built(launch, inp.out, _poison_out(inp), geometry, launch_from=sources)
     if scope == "count":
         step.route(0)  # the layer's routing map: what the count kernel alone counts
-
-        def reset():
-            inp.counts.zero_()
-
-        return Built(step.counters[0].launch, inp.counts, reset, geometry, launch_from=sources)
+        return Built(step.counters[0].launch, inp.counts, step.counters[0].reset, geometry, launch_from=sources)
     inp.fc1_out.copy_(step.up_to_fc1(0))  # the layer's FC1 output: what the activation alone reads
-
-    def reset():
-        inp.act_out.view(torch.int16).fill_(_ACT_POISON_BITS)
-
-    return Built(step.act_alone.launch, inp.act_out, reset, geometry, launch_from=sources)
+    return Built(step.act_alone.launch, inp.act_out, step.act_alone.reset, geometry, launch_from=sources)
 
 
 @FAMILY.builds("mcore")

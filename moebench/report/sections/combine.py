@@ -8,10 +8,8 @@ import functools
 
 from moebench.core.text import md_table
 from moebench.families.combine import LDS_BUDGET
-from moebench.families.combine.kernels import (_COMPACT_NPES, _ELEM_BYTES, _TDM, BOUNDS, FALLBACK, guarantee,
-                                               seed_figures)
-
-_SHAPE_KEYS = ("world", "topk", "hidden", "warps", "budget", "tdm", "dtype", "use_weights")
+from moebench.families.combine.kernels import (_ELEM_BYTES, _TDM, BOUNDS, FALLBACK, SEED_SHAPE, SHAPE_KEYS, by_rule,
+                                               guarantee, seed_figures)
 
 
 def _ranges(values) -> str:
@@ -30,31 +28,18 @@ def _ranges(values) -> str:
     return ", ".join(parts)
 
 
-def _by_rule(records: list) -> dict[str, dict[tuple, dict]]:
-    """rule -> shape key -> work, over the ok records (old at its shipped compact_npes only)."""
-    out: dict[str, dict[tuple, dict]] = {"old": {}, "new": {}}
-    for r in records:
-        rule = r.work.get("rule")
-        if r.status != "ok" or rule not in out:
-            continue
-        if rule == "old" and r.params.get("compact_npes") != _COMPACT_NPES:
-            continue
-        out[rule][tuple(r.params[k] for k in _SHAPE_KEYS)] = r.work
-    return out
-
-
 def _group_cols(keys) -> list[str]:
     """The shape parameters (other than topk) that vary across the sweep, world always first."""
     keys = list(keys)
     cols = ["world"]
-    for i, name in enumerate(_SHAPE_KEYS):
+    for i, name in enumerate(SHAPE_KEYS):
         if name not in ("world", "topk") and len({k[i] for k in keys}) > 1:
             cols.append(name)
     return cols[1:] + cols[:1]  # hidden, warps, ... then world: rows read as a band per world
 
 
 def _groups(keys, cols: list[str]) -> dict[tuple, list[tuple]]:
-    idx = [_SHAPE_KEYS.index(c) for c in cols]
+    idx = [SHAPE_KEYS.index(c) for c in cols]
     out: dict[tuple, list[tuple]] = {}
     for k in sorted(keys, key=lambda k: tuple(str(x) if isinstance(x, str) else x for x in k)):
         out.setdefault(tuple(k[i] for i in idx), []).append(k)
@@ -121,9 +106,8 @@ def _changes_section(by: dict) -> str:
             "fallback -> PULL is the fix the PR describes. Moves onto QUAD come from bounding srcMax by "
             "min(npes, topk): once topk > npes (npes > 4), srcMax == npes and the QUAD gate accepts "
             "(the review's first note); QUAD dedups to at most npes sources on its own.", ""]
-    ex = next((k for k in sorted(both) if k[0] == 8 and k[1] == 16 and k[2] == 7168 and k[3] == 8
-               and k[4:] == (LDS_BUDGET, _TDM, "bf16", True)), None)
-    if ex is not None:
+    ex = (8, 16, *SEED_SHAPE.values())
+    if ex in both:
         o, n = by["old"][ex], by["new"][ex]
         out += [f"The review's example, npes 8, topk 16 (hidden 7168, 8 warps): {o['path']} "
                 f"(old PULL need {o['lds_bytes']} bytes) -> {n['path']}.", ""]
@@ -164,6 +148,6 @@ def _guarantee_section() -> str:
 
 def markdown_sections(records: list) -> str:
     """The seed figures, the fallback band, the path changes and the new rule's guarantee."""
-    by = _by_rule(records)
+    by = by_rule(records)
     parts = [_figures_section(records), _band_section(by), _changes_section(by), _guarantee_section()]
     return "\n\n".join(p for p in parts if p)
