@@ -25,6 +25,12 @@ def one_line(text: str, keep: str = "") -> str:
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
+def first_line(e: BaseException) -> str:
+    """An exception's message as one line: its first line, or its repr when it has no message."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else repr(e)
+
+
 class MoebenchError(Exception):
     """Base class: a message meant for the user, no traceback needed."""
 
@@ -38,9 +44,8 @@ class SpecError(MoebenchError):
         self.path = one_line(str(path))
         self.key = one_line(str(key))
         self.message = one_line(str(message))
-        key, message = self.key, self.message
-        where = f"{self.path}: {key}: " if key else f"{self.path}: "
-        super().__init__(where + message)
+        where = f"{self.path}: {self.key}: " if self.key else f"{self.path}: "
+        super().__init__(where + self.message)
 
 
 class UsageError(MoebenchError):
@@ -55,7 +60,6 @@ class Interrupted(MoebenchError):
     """A sweep was stopped by a signal; completed records were saved."""
 
     def __init__(self, signum: int, message: str):
-        self.signum = signum
         self.exit_code = ExitCode.INTERRUPTED + signum
         super().__init__(message)
 

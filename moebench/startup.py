@@ -1,17 +1,12 @@
 """The first thing `moebench` does, before any import: signals, and the clock of the wall table.
 
-From its first line `moebench` answers SIGTERM with exit 143 and Ctrl-C with exit 130. Until
-`moebench.cli.main` installs the handlers that stop a run between cases (moebench.cli.common), a
-signal ends the process at once: nothing has been written yet, and an interrupt raised in the
-middle of the start-up imports (typer, rich, pandas, numpy) could leave a module half imported for
-later code to trip over (an exit 3), be swallowed by a library's bare `except`, or print a
-traceback. Standard library only, and written for any Python 3 (moebench/__main__.py runs it
-before checking the interpreter's version).
-
-The wall table (`--timings`, `-v`): `phase(name)` adds the seconds of a stage to its row, `add`
-seconds measured elsewhere, `mark(name)` the time no row holds yet; `wall_rows()` lists the rows in
-the order they first ran, from the process's start (the interpreter's own start-up, read from /proc
-where there is one) to now, with `other` for what no row covers: the rows add up to the total.
+From its first line `moebench` answers SIGTERM with exit 143 and Ctrl-C with exit 130 at once
+(nothing is written yet) until moebench.cli.main installs the handlers that stop a run between
+cases; why an interrupt must not unwind through the start-up imports is in
+moebench.cli.common.first_interrupt. Standard library only, written for any Python 3
+(moebench/__main__.py runs it before checking the interpreter's version). The wall table
+(`--timings`, `-v`): `phase`, `mark` and `add` (seconds measured elsewhere) fill its rows;
+`wall_rows` lists them.
 """
 
 import os
@@ -68,13 +63,18 @@ def wall_rows():
     return rows + [("total", total)]
 
 
-def exit_now(signum, message="interrupted"):
-    """Flush what was printed, say `message` on stderr, leave with 128 + signum (no unwinding)."""
+def flush_std():
+    """Flush stdout and stderr before an os._exit, skipping one that cannot be."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # a closed pipe, a stream already torn down: nothing more to say there
+        except Exception:  # a closed pipe (`| head`), a stream already torn down: nothing more to say there
             pass
+
+
+def exit_now(signum, message="interrupted"):
+    """Flush what was printed, say `message` on stderr, leave with 128 + signum (no unwinding)."""
+    flush_std()
     try:
         os.write(2, (message + "\n").encode())
     except OSError:

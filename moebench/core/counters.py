@@ -1,24 +1,9 @@
 """Hardware counters per case: what Nsight Compute measured when a case's launch ran in a
 CUDA graph, a bound verdict stated with the numbers that decide it, and the family's work model
-checked against the traffic the L2 saw. Torch-free: the run (a child process under the tool), the
-parser and the verdict. The `counters` pass (moebench.core.passes) calls `collect` after all timing.
-
-    collect(spec, device, cases, records, l2=...)
-      -> no CUDA device / no tool / no counter permission: every ok record gets
-         cross.counters = {"unavailable": one line}, and the run goes on
-      -> else: a JSON job (spec path, plugin files, each case's variant, params and resolved launch)
-         -> `ncu ... python -m moebench.core.counters_child JOB` (the child re-creates the cases from
-            that data, captures each case's launch in a CUDA graph and replays it once between
-            cudaProfilerStart/Stop, after a marker kernel whose grid size is the case's index + 1)
-         -> ncu's CSV (one row per kernel launch and metric) -> kernels per case (split at the
-            markers) -> cross.counters, cross.verdict, cross.work_check on each record
-
-The tool is `Ncu` (unavailable / version / profile; a test hands in another with those).
-
-Aggregation over the kernels of one case (a layer step launches several): bytes, instructions,
-atomics and durations are summed; throughput percentages and achieved occupancy are weighted by
-each kernel's duration (the share of the case's time at that level); the launch geometry
-(theoretical occupancy, its limiter, waves, CTAs, block, registers) is the longest kernel's.
+checked against the traffic the L2 saw (docs/counters.md: how, what a record gets, the aggregation
+over a case's kernels). Torch-free: the run (a child process, moebench.core.counters_child, under
+the tool), the parser and the verdict. The `counters` pass (moebench.core.passes) calls `collect`
+after all timing; the tool is `Ncu` (a test hands in another with its methods).
 """
 
 from __future__ import annotations
@@ -37,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from moebench.core.family import switch_variables
+from moebench.core.text import PACKAGE_ROOT
 from moebench.sources import arms
 
 # ----------------------------------------------------------------------------------- metrics
@@ -233,7 +219,8 @@ def _int(v: float | None) -> int | None:
 
 
 def aggregate(kernels: Sequence[Kernel]) -> dict[str, Any]:
-    """One case's counters from its kernels (see the module docstring for how they combine)."""
+    """One case's counters from its kernels (docs/counters.md, 'What a record gets', says how they
+    combine)."""
     main = max(kernels, key=lambda k: k.duration_ns)
     total_ns = sum(k.duration_ns for k in kernels)
 
@@ -518,8 +505,7 @@ def child_command(job: Path) -> list[str]:
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The child's environment: the run's, this moebench first on its path, no interpreter."""
     env = dict(environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("TRITON_INTERPRET", None)
     return env
 
@@ -527,7 +513,7 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
 def collect(spec, device, cases: Sequence[Any], records: Sequence[Any], *, l2: str = "warm",
             tool: Ncu | None = None, environ: Mapping[str, str] | None = None,
             plugins: Sequence[str] = ()) -> None:
-    """Counters for every timed ok record (module docstring), set on `record.cross`: `counters`,
+    """Counters for every timed ok record (docs/counters.md), set on `record.cross`: `counters`,
     `verdict`, `work_check`; or `counters = {"unavailable": why}` on each when they cannot be had."""
     environ = dict(os.environ if environ is None else environ)
     todo = [r for r in records if r.status == "ok"]
@@ -597,15 +583,13 @@ def attach(spec, run: Sequence[Any], records: Sequence[Any], got: Profiled, laun
         if "counters" not in r.cross:
             r.cross["counters"] = unavailable(got.error or "no timing for this case")
     shape = tuple(getattr(spec.family, "shape_params", ()) or ())
+    keyed = [(r, tuple(r.params.get(k) for k in shape), r.cross["counters"].get("instructions")) for r in done]
     leanest: dict[tuple, int] = {}
-    for r in done:
-        n = r.cross["counters"].get("instructions")
-        key = tuple(r.params.get(k) for k in shape)
+    for _, key, n in keyed:
         if n:
             leanest[key] = min(n, leanest.get(key, n))
-    for r in done:
-        n = r.cross["counters"].get("instructions")
-        low = leanest.get(tuple(r.params.get(k) for k in shape))
+    for r, key, n in keyed:
+        low = leanest.get(key)
         x = round(n / low, 2) if n and low else None
         r.cross["verdict"] = verdict(r.cross["counters"], r.work, x)
 

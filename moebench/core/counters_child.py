@@ -1,17 +1,8 @@
 """The counters pass's child: `python -m moebench.core.counters_child JOB.json`, run under the counter
-tool (Nsight Compute) by moebench.core.counters. It re-creates the job's cases from data (the spec
-file, the plugin files, each case's variant, parameters and recorded launch values; nothing a
-results file names is run) and, per case in order:
-
-    inputs (set 0 of the case's shape) -> the variant's closure -> reset + one launch (compiles,
-    outside the profiled range) -> capture one launch in a CUDA graph -> WARM replays (warm L2, as
-    timed) -> cudaProfilerStart -> marker kernel (grid = case index + 1) -> one graph replay ->
-    cudaProfilerStop
-
-The tool profiles only between start and stop (--profile-from-start off), so input building,
-compiling and warm-up stay out of the counters; the marker tells the parser which case the kernels
-after it belong to. A case that fails here is written to the manifest with its error and the
-others go on. Without CUDA (tests on the CPU) the launch is called directly instead of a graph.
+tool (Nsight Compute) by moebench.core.counters; what it does per case is docs/counters.md, 'How'.
+It re-creates the job's cases from data (nothing a results file names is run). A case that fails
+here is written to the manifest with its error and the others go on. Without CUDA (tests on the
+CPU) the launch is called directly instead of a graph.
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ def _moebench_counters_mark(out_ptr):  # (1,) int32; grid = (case index + 1,)
 
 
 def run(job: dict) -> list[dict]:
-    """Launch every case of the job as described above; returns the manifest entries."""
+    """Launch every case of the job (docs/counters.md, 'How'); returns the manifest entries."""
     plugins.use([Path(p) for p in job.get("plugins", [])])
     arms.restore(job.get("arms"), get_family)
     environ = job.get("environ", {})  # the run's kill switches, as the timed run read them

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from moebench.core.store import atomic_write_text
 from moebench.core.stats import median, noise_below, summarize
 from moebench.core.text import slugify
 from moebench.errors import BackendError
+from moebench.sources.upstream import installed_version
 
 CEILINGS_VERSION = 3  # bump when the measurement below changes
 
@@ -148,21 +148,13 @@ def gpu_uuid(props) -> str | None:
     return raw if raw.upper().startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
 
 
-def _version(dist: str) -> str | None:
-    """An installed distribution's version, read from its metadata (no import: torch takes seconds)."""
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 @functools.lru_cache(maxsize=None)
 def host_device() -> DeviceInfo:
     """Where a host-only family runs: this machine's Python, no kernel launched, nothing timed."""
     return DeviceInfo(
         backend="host", name=f"host ({platform.machine() or 'cpu'}, no kernel launched)", slug="host", sm_count=0,
         l2_bytes=0, max_threads_per_sm=0, total_mem_bytes=0, compute_capability="-", driver=None, cuda=None,
-        torch=_version("torch"), triton=_version("triton"), python=platform.python_version())
+        torch=installed_version("torch"), triton=installed_version("triton"), python=platform.python_version())
 
 
 def require_triton() -> None:
@@ -173,12 +165,15 @@ def require_triton() -> None:
 # ------------------------------------------------------------------------------- ceilings
 
 
-def measure_ceilings(info: DeviceInfo, launches_per_graph: int = 200) -> dict[str, Any]:
+def measure_ceilings(info: DeviceInfo) -> dict[str, Any]:
     """Copy bandwidth far past L2 (DRAM) and well inside it (L2), and the empty-kernel floor at
     grid 1 and grid = SM count. Bandwidth counts bytes read + written."""
     import torch
 
     from moebench.core.timing import empty_launch, time_events, time_graph
+
+    def replayed(fn):  # 200 launches of `fn` per graph, replayed until the median's noise is under 0.5%
+        return summarize(time_graph([fn], launches_per_graph=200, stop=noise_below(0.005)).per_launch_us)
 
     out: dict[str, Any] = {"version": CEILINGS_VERSION, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     # DRAM: 2 GiB source, far past any L2; plain event timing (each copy is ~1 ms).
@@ -195,16 +190,14 @@ def measure_ceilings(info: DeviceInfo, launches_per_graph: int = 200) -> dict[st
     m = max(1 << 16, (l2 // 4) // 2)  # bf16 elements; src + dst = l2 / 2... well inside L2
     src = torch.empty(m, dtype=torch.bfloat16, device="cuda").uniform_(-1, 1)
     dst = torch.empty_like(src)
-    s = summarize(time_graph([lambda: dst.copy_(src)], launches_per_graph=launches_per_graph,
-                             stop=noise_below(0.005)).per_launch_us)
+    s = replayed(lambda: dst.copy_(src))
     out["copy_l2_bytes"] = 2 * m * 2
     out["copy_l2_us"] = s.median_us
     out["copy_l2_gbps"] = out["copy_l2_bytes"] / (s.median_us * 1e-6) / 1e9
     del src, dst
     x = torch.zeros(1, dtype=torch.int32, device="cuda")
     for name, grid in (("empty_us", 1), ("empty_sms_us", info.sm_count)):
-        s = summarize(time_graph([empty_launch(x, grid)], launches_per_graph=launches_per_graph,
-                                 stop=noise_below(0.005)).per_launch_us)
+        s = replayed(empty_launch(x, grid))
         out[name] = s.median_us
         out[name.replace("_us", "_iqr_us")] = s.iqr_us
     torch.cuda.synchronize()

@@ -1,20 +1,9 @@
 """The run driver: the one thing that runs cases. `sweep`, `verify`, `--resume`, `ab` and every
-per-GPU worker of `--devices` go through `Driver`; nothing else builds a case pipeline.
-
-What the driver owns:
-- the environment (`environ`: the kill switches such as MCORE_COUNT_TOKENS_BLOCK, and
-  MOEBENCH_PREFETCH), injected once and handed down to the case pipeline, the families' resolve
-  and the workers; nothing reads or writes `os.environ` during a run;
-- the passes (moebench.core.passes), chosen from `options.cross` and refused before the first case
-  where they cannot run; the Summary lists the passes that ran, and only those;
-- where the cases run: here, through a CasePipeline (inputs built ahead: moebench.core.prefetch);
-  or on workers, a callable `workers(cases, passes, environ)` yielding
-  records (moebench.parallel.workers builds them: core never imports parallel);
-- the record order, baseline deltas and compile accounting of the Summary;
-- a case that leaves this process's CUDA context unusable (`poisons_context`): with a `fallback`
-  (moebench.parallel.workers.isolated, which the CLI hands in) the rest of the run goes on in fresh
-  child processes, and no after-all pass runs here. `--isolate` runs every case in a child from
-  the start (the CLI's `workers`).
+per-GPU worker of `--devices` go through `Driver`; nothing else builds a case pipeline. It owns the
+environment (`environ`, injected once and handed down: nothing reads or writes `os.environ` during
+a run), the passes (moebench.core.passes), where the cases run (here, or on `workers`; `--isolate`
+is the CLI's workers running every case in a child), the record order, baseline deltas and compile
+accounting of the Summary, and the `fallback` after a case that `poisons_context`.
 """
 
 from __future__ import annotations

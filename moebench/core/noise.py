@@ -1,19 +1,9 @@
-"""The device noise model: the between-process term of a case's stated interval, measured.
-
-A run's stated 95% half-width (timing.rel_noise) is its within-run interval with a run-to-run term
-added in quadrature. That term cannot be sampled inside one process, so it is measured over
-fresh-process runs of a sweep (scripts/repro.py calibrate) into a small JSON file per sweep and
-device, e.g. results/h200/noise/count-block.json:
-
-    {"device": "NVIDIA H200", "sweep": "count-block", "commit": "...", "runs": 6,
-     "method": {timing settings of the runs}, "floor": 0.005, "calibrated_on": [{"file", "sha256"}],
-     "cases": {case_id: {"label", "params", "spread_rel", "rerun_rel"}}}
-
-The timer adds max(timing.rerun_rel, the case's rerun_rel) when a model is in force
-(`NoiseModel.term`). The timing setting `noise` picks the model: `auto` (the default:
-results/<device-slug>/noise/<sweep>.json under the repository root, when it exists and was measured
-on this GPU), `none`, or a path. The file is data: only its numbers are read; a malformed one is a
-one-line error (exit 2). No torch import.
+"""The device noise model: the between-process term of a case's stated interval, measured over
+fresh-process runs (docs/method.md, 'The run-to-run term: the noise model'). A model is a small
+JSON file per sweep and device that scripts/repro.py calibrate writes (results/h200/noise/*.json);
+it is data: only its numbers are read, and a malformed one is a one-line error (exit 2). The timer
+adds max(timing.rerun_rel, the case's rerun_rel) when a model is in force (`NoiseModel.term`). No
+torch import.
 """
 
 from __future__ import annotations
@@ -21,19 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moebench.core.text import read_bounded
+from moebench.core.text import PACKAGE_ROOT as _REPO_ROOT
+from moebench.core.text import read_bounded, safe_stem
 from moebench.errors import SpecError, UsageError
 
-# the checkout moebench runs from (moebench.core.spec.PACKAGE_ROOT; not imported: spec reads this module)
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
-# a sweep name or device slug that builds a model's path: one plain path component
-PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # a model is a few KB per hundred cases; anything this big is the wrong file
 MAX_MODEL_BYTES = 4 * 2**20
 
@@ -156,8 +141,8 @@ def load(path: Path, root: Path | None = None) -> NoiseModel:
 
 def auto_path(sweep: Any, device_slug: Any, root: Path | None = None) -> Path | None:
     """results/<device_slug>/noise/<sweep>.json under the repository; None unless both names are one
-    plain path component (a name read from a results file never reaches outside that folder)."""
-    if not all(isinstance(v, str) and PLAIN_NAME.match(v) and ".." not in v for v in (sweep, device_slug)):
+    plain path component (safe_stem: a name read from a results file never leaves that folder)."""
+    if not all(safe_stem(v) for v in (sweep, device_slug)):
         return None
     return (root or _REPO_ROOT) / "results" / device_slug / "noise" / f"{sweep}.json"
 

@@ -204,12 +204,10 @@ class Nvbench(Pass):
         for (rec, k), got in zip(todo, results):
             # against the same graphs: the mean of the kept groups' medians (the first `groups`)
             m = mean(group_medians(rec)[:len(k["graphs"])])
-            if got.get("batch_us"):
-                rec.cross["nvbench_batch_us"] = round(got["batch_us"], 4)
-                rec.cross["nvbench_delta_pct"] = round(100 * (m - got["batch_us"]) / got["batch_us"], 2)
-            if got.get("cold_us"):
-                rec.cross["nvbench_cold_us"] = round(got["cold_us"], 4)
-                rec.cross["nvbench_cold_delta_pct"] = round(100 * (m - got["cold_us"]) / got["cold_us"], 2)
+            for key, delta in (("batch_us", "nvbench_delta_pct"), ("cold_us", "nvbench_cold_delta_pct")):
+                if got.get(key):
+                    rec.cross[f"nvbench_{key}"] = round(got[key], 4)
+                    rec.cross[delta] = round(100 * (m - got[key]) / got[key], 2)
             if got.get("cold_noise_pct") is not None:
                 rec.cross["nvbench_noise_pct"] = round(got["cold_noise_pct"], 3)
             for key in ("cold_samples", "batch_samples"):

@@ -1,20 +1,9 @@
-"""The case pipeline: one case from its spec values to its Record.
-
-    case -> resolve launch values (once) -> inputs (set 0 put back as built) -> variant closure
-         -> reset/poison -> run once -> verify (torch reference, what it did to its inputs, baseline
-         launch) -> time (moebench.core.placements.Timer) -> the passes' per-case hooks -> Record
-
-`CasePipeline.run_case` runs one case for the run driver (moebench.core.driver); it never prints.
-A case that fails is recorded with its error and the run goes on; a case whose kernel source is
-missing is `unavailable`, with what to install. A bad variant fails only its own cases: the
-variants of a shape share its input sets, so set 0 is copied as built (`_Pristine`) and put back
-before each variant, and a variant that wrote outside its output (the poisoned guard cells) or into
-an input fails with that said. Under the interpreter a kernel that names something undefined fails
-its case (a GPU would not compile it), and a checked launch that ran no program is `vacuous`.
-
-The record carries each launch value in `launch` and where it came from in `launch_from`
-(FamilySpec.resolve, once per case). The timer and the clock are constructor arguments: a test hands
-in a Timer with a scripted clock instead of patching this module.
+"""The case pipeline: one case from its spec values to its Record, the steps of docs/method.md,
+'A case'. `CasePipeline.run_case` runs one case for the run driver (moebench.core.driver); it never
+prints. A case that fails is recorded with its error and the run goes on; a case whose kernel
+source is missing is `unavailable`, with what to install. Under the interpreter a kernel that names
+something undefined fails its case (a GPU would not compile it), and a checked launch that ran no
+program is `vacuous`.
 """
 
 from __future__ import annotations

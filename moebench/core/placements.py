@@ -1,17 +1,6 @@
-"""Where a case's buffers live while it is timed, the case timer, and the floors a number is read
-against.
-
-- `Placements`: how many input sets a case's graph rotates through (`n_sets`), where each set's
-  memory is allocated (`_placement`), and copies of a set at other placements (`copy_set`,
-  `copies`).
-- `Timer`: time a case's launch closures (one graph, or one graph per placement group), re-time it
-  when the SM clock dropped, and fill the record's `timing`. The group timer, the clock reader and
-  the sleep are constructor arguments with the real ones as defaults, so a test hands in a scripted
-  clock instead of patching this module.
-- `floors` and `occupancy`: a timed record's copy-ceiling and empty-kernel floors, and the
-  arithmetic occupancy of its launch.
-
-Torch is imported only where memory is allocated or a case is timed, on a GPU.
+"""Where a case's buffers live while it is timed (`Placements`), the case timer (`Timer`), and the
+floors a number is read against (`floors`, `occupancy`). Torch is imported only where memory is
+allocated or a case is timed, on a GPU.
 """
 
 from __future__ import annotations

@@ -4,11 +4,10 @@ run driver's Summary reports after its last, so the CLI builds none of it by han
 its numbers depend on (`run_settings`), and the resume key of each case (`record_key`) that
 `--resume` matches records by.
 
-Every record carries ``resume_key``, the hash of what determines its numbers: the case (family,
-variant, label, every parameter, the model values and seed among them) and the run's settings
-(device, whether it was timed, the timer settings with --l2, --cross-check, the kill-switch
-variables of the family, the baseline launch, and the code of the plugins behind the case). The
-spec's bytes are not part of it, so a comment or a new axis value keeps every finished record.
+Every record carries ``resume_key``, the hash of its case (every parameter, the model values and
+seed among them) and the run's settings (`record_key`, `run_settings`; docs/method.md, 'Results
+files'). The spec's bytes are not part of it, so a comment or a new axis value keeps every finished
+record.
 """
 
 from __future__ import annotations

@@ -129,22 +129,25 @@ _PAGE_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def check_provenance(prov: Any, key: str = "provenance") -> dict:
+def _check_types(d: dict, types_of: dict[str, tuple[tuple[type, ...], str]], key: str) -> None:
+    """Each key of `d` that `types_of` names has one of its types (a boolean is no integer)."""
+    for k, (types, name) in types_of.items():
+        v = d.get(k)
+        if k in d and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
+            raise Malformed(f"{key}.{k}", f"expected {name}, got {_kind(v)}")
+
+
+def check_provenance(prov: Any) -> dict:
     if not isinstance(prov, dict):
-        raise Malformed(key, f"expected an object, got {_kind(prov)}")
-    for k, (types, name) in _PROVENANCE_TYPES.items():
-        if k in prov and not isinstance(prov[k], types):
-            raise Malformed(f"{key}.{k}", f"expected {name}, got {_kind(prov[k])}")
-    for k, (types, name) in _PAGE_TYPES.items():
-        v = prov.get("page", {}).get(k)
-        if k in prov.get("page", {}) and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
-            raise Malformed(f"{key}.page.{k}", f"expected {name}, got {_kind(v)}")
+        raise Malformed("provenance", f"expected an object, got {_kind(prov)}")
+    _check_types(prov, _PROVENANCE_TYPES, "provenance")
+    _check_types(prov.get("page", {}), _PAGE_TYPES, "provenance.page")
     for k, v in prov.get("page", {}).get("pivot", {}).items():
         if not isinstance(v, str):
-            raise Malformed(f"{key}.page.pivot.{k}", f"expected a string, got {_kind(v)}")
+            raise Malformed(f"provenance.page.pivot.{k}", f"expected a string, got {_kind(v)}")
     for k, v in (prov.get("cases") or {}).items():
         if not isinstance(v, (str, type(None))):
-            raise Malformed(f"{key}.cases.{k}", f"expected the baseline's case id or null, got {_kind(v)}")
+            raise Malformed(f"provenance.cases.{k}", f"expected the baseline's case id or null, got {_kind(v)}")
     return prov
 
 

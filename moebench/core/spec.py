@@ -16,13 +16,11 @@ from typing import Any
 import yaml
 
 from moebench.core.expr import ExprError, compile_expr
-from moebench.core.text import kind, read_bounded, safe_stem, show
+from moebench.core.text import PACKAGE_ROOT, kind, read_bounded, safe_stem, show
 from moebench.core.family import FamilySpec, catalogue, family_error
 from moebench.core.noise import setting_problem as noise_setting_problem
 from moebench.errors import SpecError, UsageError
 from moebench.sources import plugins
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 # A spec is a page of YAML; anything this big is the wrong file (and reading /dev/zero never ends).
 MAX_SPEC_BYTES = 4 * 2**20
@@ -337,6 +335,12 @@ class _Loader:
             self.errors.append(e)
             return _FAILED
 
+    def raise_kept(self, since: int) -> None:
+        """Raise the last of the errors kept after the first `since`, if any (the caller's `attempt`
+        keeps it again): parts checked each on its own, then the whole fails."""
+        if len(self.errors) > since:
+            raise self.errors.pop()
+
     def mapping(self, v: Any, key: str, what: str = "a mapping") -> dict:
         if v is None:
             self.fail(key, f"expected {what}, got nothing; give it values or delete the key")
@@ -388,8 +392,7 @@ class _Loader:
         n = len(self.errors)
         out = {name: vals for name, vals in ((name, self.attempt(self._axis, name, vals, f"{key}.{name}", unique))
                                              for name, vals in v.items()) if vals is not _FAILED}
-        if len(self.errors) > n:
-            raise self.errors.pop()
+        self.raise_kept(n)
         return out
 
     def _axis(self, name: str, vals: Any, k: str, unique: bool) -> list:
@@ -419,8 +422,7 @@ class _Loader:
                 got = self.attempt(self.value, name, x, f"{key}.{name}")
                 if got is not _FAILED:
                     out[name] = got
-        if len(self.errors) > n:
-            raise self.errors.pop()
+        self.raise_kept(n)
         return out
 
     def zips(self, v: Any, key: str) -> list[dict[str, list]]:
@@ -666,18 +668,21 @@ def _matrices(L: "_Loader", doc: dict) -> tuple:
     sweep = L.matrix(doc, "", None) if "variants" in doc else _FAILED
     quick = sweep
     if "quick" in doc and sweep is not _FAILED:
-        qdoc = L.attempt(L.mapping, doc["quick"], "quick", f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
-        quick = L.matrix(qdoc, "quick", sweep) if qdoc is not _FAILED else _FAILED
+        quick = _quick(L, doc["quick"], "quick", sweep)
     verify = verify_quick = None
     if "verify" in doc and sweep is not _FAILED:
         vdoc = L.attempt(L.mapping, doc["verify"], "verify", f"a mapping ({', '.join(MATRIX_KEYS + ('quick',))})")
         verify = _FAILED if vdoc is _FAILED else L.matrix(
             vdoc, "verify", Matrix(sweep.variants, {}, [], dict(sweep.fixed), []), MATRIX_KEYS + ("quick",))
         if verify is not _FAILED and "quick" in vdoc:
-            vq = L.attempt(L.mapping, vdoc["quick"], "verify.quick",
-                           f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
-            verify_quick = L.matrix(vq, "verify.quick", verify) if vq is not _FAILED else _FAILED
+            verify_quick = _quick(L, vdoc["quick"], "verify.quick", verify)
     return sweep, quick, verify, verify_quick
+
+
+def _quick(L: "_Loader", v: Any, key: str, base: Matrix) -> Matrix | object:
+    """A `quick:` level (`key`: quick or verify.quick) over `base`, the level it overrides."""
+    qdoc = L.attempt(L.mapping, v, key, f"a mapping of overrides ({', '.join(MATRIX_KEYS)})")
+    return L.matrix(qdoc, key, base) if qdoc is not _FAILED else _FAILED
 
 
 def _baseline(L: "_Loader", doc: dict, family: FamilySpec) -> dict | None:

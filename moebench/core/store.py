@@ -1,26 +1,9 @@
-"""Writing results so nothing completed is lost, and nothing is replaced that should not be.
-
-How a run keeps what it finished (`ResultsWriter`):
-
-- Each finished record is appended to ``OUT/<device>/NAME.partial.jsonl`` and flushed to the OS
-  before the next case starts, and fsynced at most every FSYNC_EVERY_S (and at the end): a
-  killed process loses nothing flushed; a machine that crashes, at most that second. That stream
-  is the source of truth for ``--resume`` whatever ``--format`` says: a run killed at any moment
-  (SIGKILL, a full disk) loses at most the case in flight and a torn last line, which the next
-  writer cuts off (`repair_stream`).
-- The final files (csv, json, md, parquet) are written whole to a temporary file and renamed over
-  the old one, with the user's umask; a symbolic link is written through, never replaced. A
-  complete run then removes the stream; an interrupted run keeps it beside its INCOMPLETE files.
-- A results file is never replaced by one holding fewer records, nor by another spec's of the same
-  name, unless ``--force`` says so: each final file says which spec made it and how many records
-  it holds (the JSON's provenance, the page's trailer; a csv or parquet file written without its
-  JSON twin, a ``.NAME.csv.spec`` sidecar).
-- ``--resume`` keeps exactly the records whose resume key (moebench.core.provenance.record_key)
-  matches this run's, and says what it dropped and why.
-- One writer per output name (`OutputLock`): a second run into the same name stops at once,
-  naming the holder.
-
-A file any command writes with -o goes through `output_file` first.
+"""Writing results so nothing completed is lost, and nothing is replaced that should not be: the
+rules are docs/method.md, 'Results files'. The stream (`ResultsWriter`: flushed after every record,
+fsynced at most every FSYNC_EVERY_S) is the source of truth for ``--resume`` whatever ``--format``
+says; the final files are written whole (`atomic_write_bytes`) and never over more records or
+another spec's (`identity`); one writer per output name (`OutputLock`). A file any command writes
+with -o goes through `output_file` first.
 """
 
 from __future__ import annotations

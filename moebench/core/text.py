@@ -9,6 +9,9 @@ from typing import Any, Iterable, Sequence
 
 from moebench import errors
 
+# the checkout moebench runs from (the folder above the package): its sweeps/, configs/ and results/
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
 
 def kind(v: Any) -> str:
     """What sort of value `v` is, as a phrase: 'a mapping', 'an integer', 'nothing (empty)'."""
@@ -106,11 +109,10 @@ def safe_stem(name: Any) -> str | None:
     """`name` when it can name a file inside a folder and nothing else (STEM_RE), else None."""
     return name if isinstance(name, str) and STEM_RE.fullmatch(name) else None
 
-def one_line(e: BaseException, limit: int = 300) -> str:
-    """An exception's message as one line for a record or a message: its first line (its repr when
-    it has no message), at most `limit` characters."""
-    lines = str(e).strip().splitlines()
-    return (lines[0] if lines else repr(e))[:limit]
+def one_line(e: BaseException) -> str:
+    """An exception's message as one line for a record or a message (errors.first_line), at most
+    300 characters."""
+    return errors.first_line(e)[:300]
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:

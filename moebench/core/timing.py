@@ -1,18 +1,9 @@
-"""Timing core: CUDA-graph replay of zero-argument launch closures. Knows nothing about MoE.
-
-`time_graph` captures `launches_per_graph` launches in one CUDA graph (on a side stream, after
-a warm-up that also triggers any JIT compile), replays it, and times each replay with a pair
-of CUDA events. It returns raw per-launch samples (replay time / launches); statistics live in
-`moebench.core.stats`. A launch time measured this way includes the gap between graph nodes, which
-a profiler's kernel duration does not.
-
-With several closures (cold-L2 rotation, or warm placements: one per input-buffer set) launch i
-of the graph is closure i % len(closures), so consecutive launches touch different buffers.
-
-`time_groups` times several such graphs, each over its own buffer placements, with their replays
-interleaved round by round; `time_graph` is the one-group case. The empty kernel a launch is read
-against (`empty_launch`) and the cross-checks live here too:
-triton's do_bench_cudagraph, the PyTorch profiler's kernel time, and NVIDIA's nvbench.
+"""Timing core: CUDA-graph replay of zero-argument launch closures. Knows nothing about MoE; the
+method is docs/method.md, 'The timer'. `time_groups` (`time_graph`: one group) returns raw
+per-launch samples, replay time / launches, so the gap between graph nodes is in them (statistics
+live in moebench.core.stats); launch i of a graph is closure i % len(closures). The empty kernel a
+launch is read against (`empty_launch`) and the cross-checks live here too: triton's
+do_bench_cudagraph, the PyTorch profiler's kernel time, and NVIDIA's nvbench.
 """
 
 from __future__ import annotations
@@ -199,13 +190,13 @@ def _empty_kernel(x_ptr):  # (1,) int32, never touched
     pass
 
 
-def empty_launch(x, grid: int, num_warps: int = 4) -> Launch:
+def empty_launch(x, grid: int) -> Launch:
     """The empty kernel, the floor a launch-bound number is read against: captured and replayed
     exactly like a measured kernel, so its time is the cost of a graph node that does nothing
     (launch, schedule `grid` CTAs, retire)."""
 
     def launch():
-        _empty_kernel[(grid,)](x, num_warps=num_warps)
+        _empty_kernel[(grid,)](x, num_warps=4)
 
     return launch
 
@@ -213,15 +204,16 @@ def empty_launch(x, grid: int, num_warps: int = 4) -> Launch:
 # ----------------------------------------------------------------------------------- cross-checks
 
 
-def dobench_cudagraph_us(fn: Launch, rep_ms: int = 200) -> float:
+def dobench_cudagraph_us(fn: Launch) -> float:
     """Independent cross-check: triton.testing.do_bench_cudagraph's median, in µs per launch."""
-    return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")) * 1e3
+    return float(do_bench_cudagraph(fn, rep=200, return_mode="median")) * 1e3
 
 
-def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: int = 20) -> float | None:
+def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int) -> float | None:
     """Kernel time per launch as the PyTorch profiler (CUPTI) records it over graph replays: pure
     kernel time, without the gap between graph nodes that replay timing includes. A launch of
     several kernels (a whole layer step) counts the sum of its kernels."""
+    replays = 20
     graph = capture(fns, launches_per_graph, warmup=1)
     graph.replay()
     torch.cuda.synchronize()
@@ -236,9 +228,7 @@ def profiler_kernel_us(fns: Sequence[Launch], launches_per_graph: int, replays: 
         name = evt.key.lower()
         if "memcpy" in name or "memset" in name or "cudagraph" in name:
             continue
-        t = getattr(evt, "self_device_time_total", None)
-        if t is None:
-            t = getattr(evt, "self_cuda_time_total", 0.0)
+        t = evt.self_device_time_total
         if t and evt.count:
             total += t
     del graph

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from moebench import startup
+
 ALL_OFF = "MOEBENCH_TRITON_PATCHES"
 
 
@@ -307,11 +309,7 @@ def leave(code: object) -> None:
         for child in mp.active_children():
             child.terminate()
             child.join(2.0)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more to say there
-            pass
+    startup.flush_std()
     os._exit(code & 0xFF)
 
 

@@ -1,25 +1,8 @@
 """Your own kernel from a file: plugins register variants of a family, or a whole family, through
-the same calls the built-in families use.
-
-Three ways in:
-
-- ``--plugin FILE.py`` (repeatable) on sweep, verify, validate, list, ab and pr;
-- a spec's ``plugins:`` list (paths relative to the spec file), so a spec carries its kernels;
-- the ``moebench.plugins`` entry-point group of an installed package (the entry point names a
-  module; importing it registers).
-
-A plugin is ordinary Python, run once per process. It adds a variant to a family with
-``@get_family("count").variant(name, doc=..., params=(...))`` on a builder, or a family with
-``register_family(FamilySpec(..., kernels=__name__))`` (its module then provides build_inputs,
-input_bytes, reference, check, nonvacuity and work, as a family's kernels.py does). Variants it
-registers are recorded with ``source="plugin FILE"``. Loaded files are listed in $MOEBENCH_PLUGINS
-too, so the per-GPU worker processes load the same ones.
-
-A plugin that fails is a usage error (exit 2) naming its file and line: an exception, a
-`sys.exit()` while it loads, a builder whose signature the session cannot call, or a file still
-running after $MOEBENCH_PLUGIN_LIMIT seconds (default 120; an endless loop). An installed plugin
-($MOEBENCH_PLUGINS, an entry point) that fails breaks only itself: the catalogue leaves it out and
-`moebench list` shows its error.
+the same calls the built-in families use. How one is written, loaded (--plugin, a spec's plugins:,
+the `moebench.plugins` entry-point group, $MOEBENCH_PLUGINS) and what its failures do is
+docs/plugins.md. Loaded files are listed in $MOEBENCH_PLUGINS too, so the per-GPU worker processes
+load the same ones.
 """
 
 from __future__ import annotations
@@ -38,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from moebench.errors import MoebenchError, UsageError
+from moebench.errors import MoebenchError, UsageError, first_line
 
 ENV = "MOEBENCH_PLUGINS"
 GROUP = "moebench.plugins"
@@ -158,7 +141,7 @@ def _what(e: BaseException, limit: float, arrived: list) -> str | None:
             return None
         return ("the plugin raised KeyboardInterrupt while loading, and no interrupt arrived; a plugin registers "
                 "variants or a family and returns")
-    return f"{type(e).__name__}: {_first(e)}"
+    return f"{type(e).__name__}: {first_line(e)}"
 
 
 class _Failed(Exception):
@@ -287,11 +270,6 @@ def loaded() -> list[dict]:
     """The plugin files this process runs, with their hashes, for a results file's provenance."""
     return [{"path": str(p), "sha256": digest, **({"suffix": sfx} if sfx else {})}
             for (p, sfx), (_, digest) in _LOADED.items()]
-
-
-def _first(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return s[0] if s else repr(e)
 
 
 def _line_of(e: BaseException, path: Path) -> str:

@@ -1,12 +1,9 @@
 """Upstream Megatron kernels, imported at run time where the user has them. Never copied here.
 
-Where they come from, first match wins:
-
-1. A Megatron-LM checkout named by ``--megatron-lm PATH`` or ``$MOEBENCH_MEGATRON_LM``. Its main
-   branch has all five seed kernels.
-2. The installed ``megatron-core`` package (``pip install 'moebench[upstream]'``; megatron-core
-   >= 0.17 needs Python >= 3.12). 0.19.2 has both count kernels and ``_squared_relu_kernel``, not yet
-   ``_silu_mul_bounded_kernel`` and ``_swiglu_kernel``.
+Where they come from (a checkout, else the installed megatron-core) is docs/method.md, 'Beside
+Megatron's kernels'. Megatron-LM's main branch has all five seed kernels; megatron-core 0.19.2 has
+both count kernels and ``_squared_relu_kernel``, not yet ``_silu_mul_bounded_kernel`` and
+``_swiglu_kernel``.
 
 Importing ``megatron.core`` takes about 15 s on an H200 (it pulls in much of Megatron), so nothing
 is imported until a case needs a kernel, and then once per process. `status` answers without
@@ -30,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
-from moebench.errors import Unavailable
+from moebench.errors import Unavailable, first_line
 
 ENV = "MOEBENCH_MEGATRON_LM"
 DIST = "megatron-core"
@@ -64,9 +61,11 @@ def checkout() -> Path | None:
     return Path(raw).expanduser() if raw else None
 
 
-def _installed_version() -> str | None:
+def installed_version(dist: str = DIST) -> str | None:
+    """An installed distribution's version, read from its metadata (no import: torch takes seconds,
+    megatron.core longer)."""
     try:
-        return metadata.version(DIST)
+        return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
 
@@ -77,7 +76,7 @@ def _file_of(module: str, root: Path | None) -> tuple[Path | None, str | None]:
     rel = Path(*module.split(".")).with_suffix(".py")
     if root is not None:
         return root / rel, f"checkout {root}"
-    version = _installed_version()
+    version = installed_version()
     if version is None:
         return None, None
     return Path(str(metadata.distribution(DIST).locate_file(rel))), f"{DIST} {version}"
@@ -145,7 +144,7 @@ def load(name: str) -> Any:
         obj = getattr(importlib.import_module(st.module), st.attr)
     except Exception as e:  # noqa: BLE001 - Megatron's own imports can fail in many ways; all mean unavailable
         raise Unavailable(f"upstream {st.attr}: importing {st.module} from {st.source} failed: "
-                          f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+                          f"{type(e).__name__}: {first_line(e) if str(e).strip() else ''}") from None
     _LOADED[name] = obj
     _MODULES[name] = sys.modules[st.module]
     return obj
@@ -194,7 +193,7 @@ def provenance() -> dict:
     if root is not None:
         return {"megatron_lm": str(root),
                 "megatron_lm_commit": git_head(root) or os.environ.get(f"{ENV}_COMMIT") or None}
-    return {"megatron_core": _installed_version()}
+    return {"megatron_core": installed_version()}
 
 
 def git_head(root: Path) -> str | None:

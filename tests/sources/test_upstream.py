@@ -132,7 +132,7 @@ def test_status_reads_source_text_only(tmp_path, monkeypatch):
 
 def test_unavailable_without_any_source(monkeypatch):
     monkeypatch.delenv(upstream.ENV, raising=False)
-    if upstream._installed_version():
+    if upstream.installed_version():
         pytest.skip("megatron-core is installed here")
     st = upstream.status("count_persistent")
     assert not st.present and upstream.ENV in st.why and "Python >= 3.12" in st.why
@@ -163,7 +163,7 @@ def test_act_upstream_from_a_checkout_and_a_missing_kernel(tmp_path):
 
 
 def test_without_megatron_the_sweep_runs_and_exits_0(tmp_path):
-    if upstream._installed_version():
+    if upstream.installed_version():
         pytest.skip("megatron-core is installed here")
     code, doc, err = _sweep(tmp_path, SPEC_COUNT, {})
     assert code == 0, err
