@@ -22,13 +22,10 @@ NEEDED = ("typer", "rich", "yaml", "pandas")
 RELAUNCHED = "MOEBENCH_RELAUNCHED"
 
 
-def _missing():
-    return [m for m in NEEDED if importlib.util.find_spec(m) is None]
-
-
 def _launch():
     missing = [] if sys.version_info >= (3, 11) else ["Python >= 3.11"]
-    missing += _missing() if not missing else []
+    if not missing:
+        missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
     if not missing:
         from moebench.cli import entry
 

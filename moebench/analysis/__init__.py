@@ -52,14 +52,24 @@ def value_of(rec: Record, key: str) -> Any:
     return rec.launch.get(key) if v is None else v
 
 
+# The record groups a metric is looked up in, in this order (a key is in one of them)
+GROUPS = ("timing", "work", "cross", "checks")
+
+
+def raw_value(rec: Record, key: str, groups: Sequence[str] = GROUPS) -> Any:
+    """`key` as stored in the first of the record's `groups` that holds it; None where none does."""
+    for g in groups:
+        grp = getattr(rec, g)
+        if key in grp:
+            return grp[key]
+    return None
+
+
 def metric_of(rec: Record, metric: str = "median_us") -> float | None:
-    """The metric of an ok record (timing, work or cross group), or None."""
-    if rec.status != "ok":
-        return None
-    for g in (rec.timing, rec.work, rec.cross, rec.checks):
-        v = g.get(metric)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            return float(v)
+    """The metric of an ok record (raw_value) as a finite number, or None."""
+    v = raw_value(rec, metric) if rec.status == "ok" else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
     return None
 
 
@@ -80,6 +90,12 @@ def half_width(r: Record) -> float:
     return abs(m * (r.timing.get("rel_noise") or 0.0)) if m is not None else 0.0
 
 
+def separated_faster(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """(mean, half-width) a is faster than b and their intervals do not overlap: the one interval
+    rule of the ties, `history check` and `recommend --emit`."""
+    return a[0] + a[1] < b[0] - b[1]
+
+
 def tied_with_least(items: Sequence, time: Callable[[Any], float], half: Callable[[Any], float]) -> list:
     """The item of least time first, then every other whose interval (time ± half) overlaps its
     own, by time. More than one is a tie: the numbers do not say which of them is faster, so a page,
@@ -87,8 +103,8 @@ def tied_with_least(items: Sequence, time: Callable[[Any], float], half: Callabl
     ranked = sorted(items, key=time)
     if not ranked:
         return []
-    top = time(ranked[0]) + half(ranked[0])
-    return ranked[:1] + [x for x in ranked[1:] if time(x) - half(x) <= top]
+    least = (time(ranked[0]), half(ranked[0]))
+    return ranked[:1] + [x for x in ranked[1:] if not separated_faster(least, (time(x), half(x)))]
 
 
 def fastest(records: list[Record]) -> list[Record]:

@@ -22,7 +22,6 @@ from moebench.errors import UsageError
 OFF, ON = "OFF", "ON"
 
 
-
 @dataclass
 class Arm:
     side: str  # OFF | ON
@@ -97,8 +96,7 @@ def ab_stats(arms: Sequence[Arm]) -> ABStats:
 
 def min_detectable(sd_off: float, sd_on: float, n_off: int, n_on: int, power: float = 0.8) -> float:
     """The smallest difference of means a two-sided test at alpha = 0.05 finds with probability
-    `power`, from the two sides' sds pooled and the measurements per side: (t(0.975, n - 2) +
-    z(power)) x sd x sqrt(1/n_off + 1/n_on), the power quantile taken from the normal."""
+    `power`: the formula of docs/pr.md's "Rules worth knowing", the two sides' sds pooled."""
     df = n_off + n_on - 2
     if n_off < 2 or n_on < 2:
         return math.inf
@@ -106,17 +104,25 @@ def min_detectable(sd_off: float, sd_on: float, n_off: int, n_on: int, power: fl
     return (t975(df) + NormalDist().inv_cdf(power)) * sd * math.sqrt(1 / n_off + 1 / n_on)
 
 
+# The arm separation in the seed PRs' words, per ABStats.separation
+SEPARATION = {"better": "every ON iteration beats every OFF iteration",
+              "worse": "every OFF iteration beats every ON iteration", "overlap": "the arms overlap"}
+
+
 def separation_text(st: ABStats) -> str:
     """One sentence in the seed PRs' words, e.g. "max(ON) = 2.113 < min(OFF) = 8.041 µs — every ON
     iteration beats every OFF iteration, with a 5.928 µs margin"."""
     w, b = us(st.worst_on), us(st.best_off)
     if st.separation == "better":
-        return (f"max(ON) = {w} < min(OFF) = {b} µs — every ON iteration beats every OFF iteration, with a "
-                f"{us(st.margin)} µs margin")
+        return f"max(ON) = {w} < min(OFF) = {b} µs — {SEPARATION['better']}, with a {us(st.margin)} µs margin"
     if st.separation == "worse":
-        return (f"every OFF iteration beats every ON iteration (ON is slower in all {st.n_on}), by a "
-                f"{us(st.margin)} µs margin")
-    return f"the arms overlap: max(ON) = {w} ≥ min(OFF) = {b} µs, so ON does not beat OFF in every iteration"
+        return f"{SEPARATION['worse']} (ON is slower in all {st.n_on}), by a {us(st.margin)} µs margin"
+    return f"{SEPARATION['overlap']}: max(ON) = {w} ≥ min(OFF) = {b} µs, so ON does not beat OFF in every iteration"
+
+
+def times_noise(effect: float) -> str:
+    """An effect in noise units, "12×" or "3.4×" (an infinite one: "inf×")."""
+    return f"{effect:.{0 if effect >= 10 else 1}f}×"
 
 
 def noise_text(st: ABStats) -> str:
@@ -124,7 +130,7 @@ def noise_text(st: ABStats) -> str:
     if st.noise == 0:
         return "Both sides have no spread (sd 0 µs): the effect in noise units is undefined."
     return (f"Pooled sd is {us(st.sd_off)} (OFF) and {us(st.sd_on)} (ON) µs, so the {what} "
-            f"is ~{st.effect:.{0 if st.effect >= 10 else 1}f}× the run-to-run noise of this configuration.")
+            f"is ~{times_noise(st.effect)} the run-to-run noise of this configuration.")
 
 
 @dataclass
@@ -214,8 +220,6 @@ def settings_text(settings: Sequence[Setting]) -> str:
 
 
 # ----------------------------------------------------------------------------- pairs and the schedule
-
-
 
 
 @dataclass
@@ -388,8 +392,6 @@ def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting],
 # ----------------------------------------------------------------------------- the markdown block
 
 
-
-
 def us(v: float) -> str:
     return f"{v:.3f}"
 
@@ -397,7 +399,7 @@ def us(v: float) -> str:
 def effect_text(st: ABStats) -> str:
     if math.isinf(st.effect):
         return "∞ (no spread)"
-    return f"{st.effect:.0f}×" if st.effect >= 10 else f"{st.effect:.1f}×"
+    return times_noise(st.effect)
 
 
 def separation_cell(st: ABStats) -> str:

@@ -1,13 +1,7 @@
-"""When two runs' numbers may be set side by side (`differences`, `check_comparable`), and which
-half-width a record may claim (`file_noise`): one rule, used by `compare`, `history`, `merge` and
-`recommend --check`.
-
-A record states rel_noise = hypot(rel_noise_within, rerun_rel). Its run-to-run term is not taken
-from the record: it is the one the noise model the file names gives for the case (path and sha256
-verified: `named`), never below timing.rerun_rel; for a case no verified model holds, an assumed
-term, the record's own capped at timing.rerun_rel and at ASSUMED_MAX. Only a measured term can
-make a compare case NOISY. A model file is read as data only.
-"""
+"""When two runs' numbers may be set side by side (`differences`, `check_comparable`) and which
+half-width a record may claim (`file_noise`), as docs/gate.md states it: one rule for `compare`,
+`history`, `merge` and `recommend --check`. A record's run-to-run term is its verified model's for the
+case (`named`), never below timing.rerun_rel, else assumed: its own, capped at rerun_rel and ASSUMED_MAX."""
 
 from __future__ import annotations
 

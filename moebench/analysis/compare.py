@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moebench.analysis import metric_of, params_text, read_results, varying_keys
+from moebench.analysis import GROUPS, metric_of, params_text, raw_value, read_results
 from moebench.analysis.comparable import FileNoise, check_comparable, file_noise, model_for
+from moebench.core.cases import varying_params
 from moebench.core.records import Record
 from moebench.core.stats import median
 from moebench.errors import UsageError
@@ -106,14 +107,10 @@ class CompareReport:
                 f"{100 * (self.noisy[0].diff or 0):+.2f}%)")
 
     def gate(self, *, allow_unclear: bool = False, strict_noise: bool = False) -> tuple[int, str]:
-        """The exit code of `--fail-on-regression` and why: 1 when a case failed in NEW (whether BASE
-        has it or not) or is SLOWER; else fails closed, 2 when the files cannot support a verdict
-        (nothing compared, a case of BASE missing from NEW, a matched case without both times and
-        judged half-widths), when a case is UNCLEAR (a difference resolved from zero that can be
-        neither confirmed to reach the threshold nor ruled out) unless `allow_unclear`, when a case is
-        NOISY with `strict_noise`, or when no case is SAME or FASTER (a gate that vouched for nothing
-        does not pass); else 0. A NOISY case passes (its difference is within the measured run-to-run noise of
-        both runs) and is named in the reason (noisy_note)."""
+        """The exit code of `--fail-on-regression` and why, by docs/gate.md's "The CI gate": 1 (a case
+        failed in NEW or is SLOWER), 2 (the files cannot support a verdict: the gate fails closed) or 0;
+        `allow_unclear` and `strict_noise` are the options of those names. A NOISY case that passes is
+        named in the reason (noisy_note)."""
         if self.failed_in_new:
             cid, label, status = self.failed_in_new[0]
             return 1, f"{len(self.failed_in_new)} cases failed in NEW ({cid} {label}: {status})"
@@ -187,14 +184,10 @@ def add_cycles(records: list[Record]) -> int:
 def classify(base: float, new: float, base_noise: float | None, new_noise: float | None,
              threshold: float, higher_is_better: bool = False, *,
              within: tuple[float, float] | None = None) -> tuple[str, float, float | None]:
-    """(verdict, d, n): d = (new - base) / base, n = hypot of the two judged half-widths, t the
-    threshold. FASTER/SLOWER when |d| >= t and |d| > n (a drop is SLOWER for a higher-is-better
-    metric); SAME when |d| + n < t; NOISY when |d| <= n and the runs' within-run half-widths
-    combined are under t, given only where both run-to-run terms are measured (`within`): the
-    difference is inside the measured spread between runs, which cannot resolve t; else UNCLEAR
-    (resolved from zero but not shown to reach t or stay under it), and without a noise estimate.
-    nvbench calls a change SAME when |d| <= min(noise); the threshold keeps an immaterial but
-    resolved change SAME."""
+    """(verdict, d, n): d = (new - base) / base, n = hypot of the two judged half-widths, the verdict
+    by docs/gate.md's table (a drop is SLOWER for a higher-is-better metric; NOISY only with
+    `within`, the within-run half-widths, given where both run-to-run terms are measured). nvbench
+    calls a change SAME when |d| <= min(noise); the threshold keeps an immaterial but resolved change SAME."""
     d = (new - base) / base
     if base_noise is None or new_noise is None:
         return "UNCLEAR", d, None
@@ -206,17 +199,6 @@ def classify(base: float, new: float, base_noise: float | None, new_noise: float
     if within is not None and abs(d) <= n and math.hypot(*within) < threshold:
         return "NOISY", d, n
     return "UNCLEAR", d, n
-
-
-GROUPS = ("timing", "work", "cross", "checks")
-
-
-def _raw(rec: Record, metric: str) -> Any:
-    for g in GROUPS:
-        grp = getattr(rec, g)
-        if metric in grp:
-            return grp[metric]
-    return None
 
 
 def check_times(records: list[Record], name: str, metric: str) -> None:
@@ -231,7 +213,7 @@ def check_times(records: list[Record], name: str, metric: str) -> None:
                          + (f"; its timing columns: {', '.join(cols)}" if cols else
                             " and no timings at all (an interpreter run records none)"))
     for r in records:
-        v = _raw(r, metric)
+        v = raw_value(r, metric)
         if r.status != "ok" or v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -287,7 +269,7 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
         rows.append(row)
     only_base = [b for cid, b in bmap.items() if cid not in nmap]
     only_new = [n for cid, n in nmap.items() if cid not in bmap]
-    vary = [k for k in varying_keys([bmap[r.case_id] for r in rows]) if k != "label"]
+    vary = list(varying_params([bmap[r.case_id] for r in rows]))
     rep = CompareReport(rows, only_base, only_new, threshold, metric, vary, higher_is_better=higher, cycles=cycles,
                         noise_models={"BASE": fb.describe(), "NEW": fn.describe()})
     rep.notes += fb.notes + fn.notes + _clock_notes(rows, cycles)

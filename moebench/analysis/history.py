@@ -1,13 +1,7 @@
 """A results history across commits, drivers and machines, and change points in it, as
 docs/history.md describes: one SQLite file (`open_db`, `add_results`, `series`) and the labelled
-E-divisive change points of each case's medians (`check`, `label_change`).
-
-Tables: `_SCHEMA`, its version `SCHEMA_VERSION` kept in `meta` (a file of another version is
-refused). A database holding anything moebench did not create (a trigger, a view, another table or
-index, a table of another definition) is refused on open: SQL stored in a file never runs.
-
-Nothing here prints, imports torch or runs a kernel.
-"""
+E-divisive change points of each case's medians (`check`, `label_change`). Nothing here prints,
+imports torch or runs a kernel."""
 
 from __future__ import annotations
 
@@ -23,10 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from moebench.analysis import separated_faster
 from moebench.analysis.comparable import differences, file_noise, model_for, settings_of
 from moebench.core.noise import restated
 from moebench.core.stats import median
-from moebench.core.text import varying
 from moebench.errors import UsageError
 
 APP = "moebench-history"
@@ -487,7 +481,8 @@ def label_change(s: Series, pts: list[Point], lo: int, k: int, hi: int, p: float
     method = _method_diff(pts[k - 1].method, pts[k].method)
     separated = None
     if rb is not None and ra is not None:
-        separated = ma * (1 - ra) > mb * (1 + rb) or ma * (1 + ra) < mb * (1 - rb)
+        a, b = (ma, ma * ra), (mb, mb * rb)
+        separated = separated_faster(a, b) or separated_faster(b, a)
     iv = (f"[{mb * (1 - (rb or 0)):.4g}, {mb * (1 + (rb or 0)):.4g}] -> "
           f"[{ma * (1 - (ra or 0)):.4g}, {ma * (1 + (ra or 0)):.4g}] µs")
     if separated is False:
@@ -611,8 +606,3 @@ def case_text(s: Series, keys: Sequence[str] | None = None) -> str:
     """"label[k=v,...]" over `keys` (default: the first four set), the unset ones left out."""
     keys = keys if keys is not None else [k for k, v in s.params.items() if v is not None][:4]
     return f"{s.label}[" + ",".join(f"{k}={s.params[k]}" for k in keys if s.params.get(k) is not None) + "]"
-
-
-def varying_params(all_series: Sequence[Series]) -> list[str]:
-    """The parameters that tell these series apart."""
-    return varying([s.params for s in all_series])

@@ -1,14 +1,7 @@
-"""Curves from results, readable at a glance: the block-size curve of a `count` sweep (µs per launch
-against BLOCK_SIZE, one line per valid-token count) and the occupancy curve of an `act` sweep (µs
-and × floor against the grid cap, one line per live-row count), with a published reference series
-from moebench/reference beside the measurement, dashed, in the same colour; and the occupancy
-curve measured (`plot --counters`): µs against the x parameter and below it the achieved occupancy
-Nsight Compute measured (solid) beside the arithmetic one (dashed, same colour), from the
-`cross.counters` of records made with `sweep --counters`.
-
-matplotlib through the Agg canvas and its object API (no pyplot, no display), so it runs on a
-machine without a GPU or a screen. Library code: returns what it drew; the CLI prints it.
-"""
+"""Curves from results (docs/counters.md, "The page and the plot"): a sweep's block-size or occupancy
+curve, a published reference (moebench/reference) dashed beside it in the same colour, and the
+measured occupancy curve (`plot --counters`). matplotlib through the Agg canvas and its object API
+(no pyplot, no display), so it runs without a GPU or a screen; it returns what it drew."""
 
 from __future__ import annotations
 
@@ -97,7 +90,7 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
     markers = _markers([k[1:] for k in lines])
     fig, axes = _figure(len(panels))
     ax = axes[0]
-    xs_all = _solid(ax, lines, colours, markers, lambda key: _series_label(p.series, key, others))
+    xs_all = _draw(ax, lines, colours, lambda key: _series_label(p.series, key, others), markers=markers)
     _ring_fastest(ax, lines, _lines(records, p, others, _half) if metric == "median_us" else {}, colours)
     floor_drawn = False
     if p.floor_panel:  # the floor each line is read against, dotted, in its colour
@@ -110,7 +103,7 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
     def ref_label(key) -> str:
         return f"{p.series}={key[0]}, {reference.label}"
 
-    xs_all |= _dashed(ax, ref_lines, colours, ref_label)
+    xs_all |= _draw(ax, ref_lines, colours, ref_label)
     _axes(ax, p.x, _ylabel(records, metric), xs_all)
     _yscale(ax, [y for pts in list(lines.values()) + list(ref_lines.values()) for _, y in pts])
 
@@ -123,8 +116,8 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
             lv = "/".join(sorted(levels.get(key, ())))
             return _series_label(p.series, key, others) + (f" [{lv.upper()} floor]" if lv else "")
 
-        _solid(ax2, floor_lines, colours, markers, floor_label)
-        _dashed(ax2, ref_floor, colours, ref_label)
+        _draw(ax2, floor_lines, colours, floor_label, markers=markers)
+        _draw(ax2, ref_floor, colours, ref_label)
         ax2.axhline(1.0, color="0.4", lw=1, ls=":", label="1× = at the floor")
         _axes(ax2, p.x, "× floor (time / bytes-moved floor)", xs_all)
         _yscale(ax2, [y for pts in list(floor_lines.values()) + list(ref_floor.values()) for _, y in pts] + [1.0])
@@ -144,15 +137,20 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
                  sum(len(v) for v in ref_lines.values()), notes)
 
 
-def _solid(ax, lines: dict, colours: dict, markers: dict, label: Callable[[tuple], str], suffix: str = "") -> set:
-    """Each measured line, solid, in its series' colour with its marker; returns the x values drawn."""
+def _draw(ax, lines: dict, colours: dict, label: Callable[[tuple], str], *, markers: dict | None = None,
+          style: str = "--s", lw: float = 1.3) -> set:
+    """Each line in its series' colour; returns the x values drawn. A measured line (`markers`): solid,
+    with its marker; a reference's (or the arithmetic occupancy): `style`, its markers hollow."""
     xs_all: set = set()
     for key, pts in lines.items():
         xs, ys = zip(*pts)
         xs_all.update(xs)
-        m = markers.get(key[1:], "o")
-        ax.plot(xs, ys, "-" + m, color=colours.get(key[0], "0.3"), lw=1.8, ms=4.5 if m == "o" else 7,
-                label=label(key) + suffix)
+        if markers is None:
+            fmt, look = style, {"lw": lw, "ms": 4.5, "mfc": "none"}
+        else:
+            m = markers.get(key[1:], "o")
+            fmt, look = "-" + m, {"lw": 1.8, "ms": 4.5 if m == "o" else 7}
+        ax.plot(xs, ys, fmt, color=colours.get(key[0], "0.3"), label=label(key), **look)
     return xs_all
 
 
@@ -179,16 +177,6 @@ def _ring_fastest(ax, lines: dict, halves: dict, colours: dict) -> None:
 def _half(r: Record) -> float | None:
     """The ~95% half-width of a record's timed median, where it states one."""
     return half_width(r) if metric_of(r) is not None and r.timing.get("rel_noise") else None
-
-
-def _dashed(ax, lines: dict, colours: dict, label: Callable[[tuple], str], style: str = "--s", lw: float = 1.3) -> set:
-    """Each line of a reference (or the arithmetic occupancy), dashed, in its series' colour."""
-    xs_all: set = set()
-    for key, pts in lines.items():
-        xs, ys = zip(*pts)
-        xs_all.update(xs)
-        ax.plot(xs, ys, style, color=colours[key[0]], lw=lw, ms=4.5, mfc="none", label=label(key))
-    return xs_all
 
 
 def _lines(records: list[Record], p: Preset, others: list[str], get: Callable[[Record], float | None],
@@ -267,12 +255,12 @@ def plot_counters(records: list[Record], prov: dict, out: Path, *, x: str | None
     def label(key) -> str:
         return _series_label(p.series, key, others)
 
-    xs_all = _solid(ax, times, colours, markers, label)
+    xs_all = _draw(ax, times, colours, label, markers=markers)
     _axes(ax, p.x, "µs per launch (CUDA-graph replay)", xs_all)
     _yscale(ax, [y for pts in times.values() for _, y in pts])
-    xs_all |= _solid(ax2, measured, colours, markers, label, ", achieved")
-    _dashed(ax2, {k: v for k, v in arith.items() if k in measured}, colours, lambda key: label(key) + ", arithmetic",
-            "--", 1.1)
+    xs_all |= _draw(ax2, measured, colours, lambda key: label(key) + ", achieved", markers=markers)
+    _draw(ax2, {k: v for k, v in arith.items() if k in measured}, colours, lambda key: label(key) + ", arithmetic",
+          style="--", lw=1.1)
     _axes(ax2, p.x, "occupancy % (solid: achieved, ncu; dashed: arithmetic)", xs_all)
     ax2.set_ylim(0, 105)
     dev = (prov.get("device") or {}).get("name") or "?"

@@ -8,13 +8,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from moebench.analysis import TIE_NOTE, describe, fastest, metric_of, value_of, varying_keys
+from moebench.analysis import TIE_NOTE, describe, fastest, metric_of, separated_faster, value_of, varying_keys
 from moebench.analysis.comparable import file_noise
 from moebench.core.cases import Case, case_id
 from moebench.core.text import ordered
 from moebench.core.records import Record
 from moebench.errors import UsageError
-
 
 
 @dataclass
@@ -279,11 +278,6 @@ class Arm:
         return m, h
 
 
-def separated_faster(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """(mean, half-width) a is faster than b and their intervals do not overlap."""
-    return a[0] + a[1] < b[0] - b[1]
-
-
 @dataclass
 class Decision:
     switch: Switch
@@ -407,6 +401,11 @@ def decide(records: list[Record], family, *, over: Sequence[str] | None = None, 
     return out
 
 
+def interval_text(m: float, h: float) -> str:
+    """"2.41 µs [2.39, 2.43]": a mix's mean and its interval, m ± h."""
+    return f"{m:.4g} µs [{m - h:.4g}, {m + h:.4g}]"
+
+
 def _judge(sw: Switch, lab: str, ov: list[str], w: dict, choice: Arm | None, default: Arm | None) -> Decision:
     d = Decision(sw, lab, ov, w, choice, default, False, "")
     if default is None or not all(s in default.us for s in w):
@@ -422,7 +421,7 @@ def _judge(sw: Switch, lab: str, ov: list[str], w: dict, choice: Arm | None, def
         d.reason = "a time without a stated interval (rel_noise): the gain cannot be weighed against noise"
     else:
         c, f = choice.mix(w), default.mix(w)
-        iv = f"{c[0]:.4g} µs [{c[0] - c[1]:.4g}, {c[0] + c[1]:.4g}] vs {f[0]:.4g} µs [{f[0] - f[1]:.4g}, {f[0] + f[1]:.4g}]"
+        iv = f"{interval_text(*c)} vs {interval_text(*f)}"
         if separated_faster(c, f):
             d.emit = True
             d.reason = f"{sw.param}={choice.value} beats the default {sw.default} over the mix by " \
@@ -564,8 +563,8 @@ def judge_check(d: Decision, cases: list, base: list[Record], emitted: list[Reco
         row |= {"verdict": "held" if held else "did not hold", "default_us": mb, "default_interval": [mb - hb, mb + hb],
                 "emitted_us": me, "emitted_interval": [me - he, me + he], "delta": me / mb - 1.0, "predicted_delta": pred,
                 "launch_values": sorted({f"{v} ({src})" for v, src in used}, key=str),
-                "text": f"{reader} over the mix {me:.4g} µs [{me - he:.4g}, {me + he:.4g}] with {d.switch.var}={d.value} "
-                        f"vs {mb:.4g} µs [{mb - hb:.4g}, {mb + hb:.4g}] without: Δ {100 * (me / mb - 1):+.2f}% "
+                "text": f"{reader} over the mix {interval_text(me, he)} with {d.switch.var}={d.value} "
+                        f"vs {interval_text(mb, hb)} without: Δ {100 * (me / mb - 1):+.2f}% "
                         f"(predicted {100 * pred:+.2f}%), intervals {'separated' if held else 'overlap or slower'}"}
         out.append(row)
     return out

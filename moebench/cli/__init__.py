@@ -1,14 +1,6 @@
-"""The moebench command line: one Typer app assembled from one sub-app per command group.
-
-- moebench.cli.run: sweep, verify
-- moebench.cli.info: validate, list, show, render, device
-- moebench.cli.analysis: ab, compare, recommend, plot, conformance
-- moebench.cli.pr: pr
-- moebench.cli.parallel: merge
-- moebench.cli.history: history add | show | check
-
-Commands are thin: parse -> call the library -> render. Library code never prints. main() turns
-errors and signals into the exit codes of moebench.errors.ExitCode."""
+"""The moebench command line (README's "Commands"): one Typer app assembled from one sub-app per
+command group, each command thin: parse -> call the library -> render. main() turns errors and
+signals into the exit codes of moebench.errors.ExitCode."""
 
 from __future__ import annotations
 

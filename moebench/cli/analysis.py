@@ -1,9 +1,5 @@
-"""Commands that decide from numbers: `ab`, `compare`, `recommend`, `plot`, `conformance`.
-
-Thin, like the rest of the CLI: parse -> moebench.analysis -> render. The statistics, the A/B
-pairing and schedule live in moebench.analysis; `ab` hands the schedule a run driver per arm.
-Everything but `ab` runs without torch.
-"""
+"""Commands that decide from numbers over moebench.analysis: `ab` (which hands the schedule a run
+driver per arm), `compare`, `recommend`, `plot`, `conformance`; all but `ab` run without torch."""
 
 from __future__ import annotations
 
@@ -27,9 +23,9 @@ from moebench.analysis.recommend import (check_cases, decide, emit_document, env
                                          recommend_keys, regret_table)
 from moebench.analysis.reference import load_reference, reference_names
 from moebench.cli.common import (DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, MEGATRON_OPT, NOISE_OPT, PLUGIN_OPT, STATE, Bar,
-                                 comma_list, cuda_device, err, out, print_markdown, print_rows, use_sources)
+                                 comma_list, cuda_device, err, gate_exit, out, print_markdown, print_rows, use_sources)
 from moebench.cli.info import REFERENCE_OPT
-from moebench.cli.run import SPEC_ARG
+from moebench.cli.run import OUTPUT, QUICK_OPT, RUN, SPEC_ARG
 from moebench.core.cases import expand
 from moebench.core.driver import Driver, Summary, run_sweep
 from moebench.core.pipeline import Options, check_environment
@@ -62,15 +58,14 @@ def ab(
                                            "for the candidate arms."),
     arms: int = ARMS_OPT,
     iters: int = ITERS_OPT,
-    quick: bool = typer.Option(False, "--quick", rich_help_panel="What to run", help="Use the spec's small CI smoke "
-                               "shape."),
-    dry_run: bool = typer.Option(False, "--dry-run", rich_help_panel="What to run", help="List the OFF/ON pairs and "
-                                 "the schedule, run nothing."),
-    out_dir: Path = typer.Option(DEFAULT_OUT, "--out", rich_help_panel="Output", help="Results root; files go to "
+    quick: bool = QUICK_OPT,
+    dry_run: bool = typer.Option(False, "--dry-run", rich_help_panel=RUN, help="List the OFF/ON pairs and the "
+                                 "schedule, run nothing."),
+    out_dir: Path = typer.Option(DEFAULT_OUT, "--out", rich_help_panel=OUTPUT, help="Results root; files go to "
                                  "OUT/<device>/."),
-    markdown: bool = typer.Option(False, "--markdown", rich_help_panel="Output", help="With --dry-run: the plan as a "
+    markdown: bool = typer.Option(False, "--markdown", rich_help_panel=OUTPUT, help="With --dry-run: the plan as a "
                                   "markdown pipe table (a run always prints its PR-ready markdown block)."),
-    force: bool = typer.Option(False, "--force", rich_help_panel="Output", help="Replace NAME-ab.json and .md if "
+    force: bool = typer.Option(False, "--force", rich_help_panel=OUTPUT, help="Replace NAME-ab.json and .md if "
                                "they exist."),
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
@@ -229,13 +224,7 @@ def compare_gate(rep, *, allow_unclear: bool, strict_noise: bool = False) -> int
     """--fail-on-regression: the gate's exit code, said on stderr; a file that cannot support a
     verdict is exit 2 (the gate fails closed). A pass with NOISY cases names them."""
     code, why = rep.gate(allow_unclear=allow_unclear, strict_noise=strict_noise)
-    if code == 2:
-        raise UsageError(f"--fail-on-regression: {why}; the gate fails closed")
-    if code:
-        err.print(f"--fail-on-regression: {why}", style="red")
-    elif rep.noisy:
-        err.print(f"--fail-on-regression: {why}", style="yellow", highlight=False, soft_wrap=True)
-    return code
+    return gate_exit("--fail-on-regression", code, why, closed="; the gate fails closed", noted=bool(rep.noisy))
 
 
 def print_compare_notes(rep, threshold: float, metric: str) -> None:

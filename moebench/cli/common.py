@@ -23,13 +23,13 @@ from rich.table import Table
 from rich.text import Text
 
 from moebench import startup
-from moebench.analysis import metric_of
+from moebench.analysis import GROUPS, metric_of, raw_value
 from moebench.core import device as devices
 from moebench.core import tritonpatch
 from moebench.core.stats import median
 from moebench.core.text import md_table, ordered, printable
 from moebench.errors import BackendError, ExitCode, UsageError
-from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, STATUS_MARK, page_metric, pivot_rows, pivots
+from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, STATUS_MARK, page_pivots, pivot_rows
 from moebench.sources import plugins, upstream
 
 out = Console(markup=False, emoji=False)
@@ -189,13 +189,10 @@ MAX_CONSOLE_TABLES = 4
 
 def print_pivots(spec, records, page: Path | None = None) -> None:
     """The spec's pivots as terminal tables; past MAX_CONSOLE_TABLES, a summary that points to the page."""
-    pv = spec.pivot
-    metric = page_metric(spec, records)
-    rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
-    tables = pivots(records, rows, cols, metric, list(spec.family.params))
+    metric, corner, tables = page_pivots(spec, records)
     if len(tables) <= MAX_CONSOLE_TABLES:
         for title, t in tables:
-            print_pivot(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric, f"{rows} \\ {cols}")
+            print_pivot(f"{spec.name}: {metric}" + (f" ({title})" if title else ""), t, metric, corner)
         if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
             out.print(NOT_TAKEN_NOTE, style="dim")
         return
@@ -210,10 +207,7 @@ def summary_rows(records, metric: str) -> tuple[list[str], list[list[str]]]:
     def value(r):
         if r.status != "ok":
             return STATUS_MARK.get(r.status, r.status)
-        for g in (r.timing, r.work, r.cross, r.checks, r.params):
-            if metric in g:
-                return g[metric]
-        return None
+        return raw_value(r, metric, GROUPS + ("params",))
 
     labels = ordered(r.label for r in records)
     numeric = all(metric_of(r, metric) is not None for r in records if r.status == "ok") and any(
@@ -314,6 +308,19 @@ def exit_code(records, complete: bool = True) -> int:
     return ExitCode.CASE_FAILED if failed else ExitCode.OK
 
 
+def gate_exit(name: str, code: int, why: str, *, closed: str = "", noted: bool = False) -> int:
+    """A gate's exit code and why (`rep.gate()`), said on stderr under `name`: 2 is a UsageError
+    (`why`, then `closed`), 1 is said in red; a pass that names what it did not vouch for (`noted`)
+    in yellow."""
+    if code == 2:
+        raise UsageError(f"{name}: {why}{closed}")
+    if code:
+        err.print(f"{name}: {why}", style="red")
+    elif noted:
+        err.print(f"{name}: {why}", style="yellow", highlight=False, soft_wrap=True)
+    return code
+
+
 def comma_list(text: str | None) -> list[str]:
     """The items of a comma list (`a, b,,c` -> a, b, c): stripped, empty ones left out."""
     return [s.strip() for s in (text or "").split(",") if s.strip()]
@@ -359,7 +366,7 @@ def print_rows(title: str, head: list[str], rows: list[list], markdown: bool, *,
 # Options shared by the commands that run or list kernels.
 SOURCES = "Plugins and sources"  # their panel in a command's --help
 PLUGIN_OPT = typer.Option(None, "--plugin", rich_help_panel=SOURCES, help="A Python file that registers variants or "
-                          "families (repeatable); see README 'Benchmark your own kernel'.")
+                          "families (repeatable); see README 'Measure your own kernel' and docs/plugins.md.")
 MEGATRON_OPT = typer.Option(None, "--megatron-lm", rich_help_panel=SOURCES, help="A Megatron-LM checkout to import the "
                             "upstream kernels from (sets $MOEBENCH_MEGATRON_LM); default: the installed megatron-core.")
 

@@ -11,14 +11,16 @@ from rich.text import Text
 
 from moebench.analysis import REF_PREFIX, read_results
 from moebench.analysis.history import (WINDOW, add_results, case_text, check as run_check, open_db, order_notes,
-                                       restate_with, series, varying_params)
-from moebench.cli.common import DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, NOISE_OPT, err, out, print_rows
+                                       restate_with, series)
+from moebench.cli.common import DEFAULT_OUT, FOREIGN_OPT, MARKDOWN_OPT, NOISE_OPT, err, gate_exit, out, print_rows
+from moebench.core.cases import varying_params
 from moebench.errors import UsageError
 
 app = typer.Typer(no_args_is_help=True,
                   help="A results history in one SQLite file (DB), and change points across it.")
 
 DB_OPT = typer.Option(DEFAULT_OUT / "history.sqlite", "--db", help="The history database (SQLite; made by `add`).")
+SWEEP_OPT = typer.Option(None, "--sweep", help="Only this sweep's cases.")
 
 
 @app.command(short_help="Store results files (provenance and every record).")
@@ -57,7 +59,7 @@ def show(
     case: Optional[str] = typer.Argument(None, help="A case id (or its first characters); without it, list the "
                                          "cases stored."),
     db: Path = DB_OPT,
-    sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's cases."),
+    sweep: Optional[str] = SWEEP_OPT,
     markdown: bool = MARKDOWN_OPT,
 ):
     """One row per run of the case, in run order: commit, device, driver, median, the stated
@@ -94,7 +96,7 @@ def show(
 @app.command(short_help="Change points per case (E-divisive means); exit 1 on a real regression.")
 def check(
     db: Path = DB_OPT,
-    sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's cases."),
+    sweep: Optional[str] = SWEEP_OPT,
     sig: float = typer.Option(0.05, "--sig", help="Significance level of the permutation test."),
     permutations: int = typer.Option(199, "--permutations", help="Permutations per test."),
     min_step: float = typer.Option(1.0, "--min-step", help="A smaller step (percent) is labelled noise."),
@@ -132,11 +134,7 @@ def check(
               f"{len(rep.changes)} change point(s), {sum(c.label == 'real' for c in rep.changes)} real, "
               f"{len(rep.regressions)} real regression(s)", style="bold", highlight=False)
     code, why = rep.gate()
-    if code == 2:
-        raise UsageError(f"history check: {why}")
-    if code:
-        err.print(f"history check: {why}", style="red")
-    raise typer.Exit(code)
+    raise typer.Exit(gate_exit("history check", code, why))
 
 
 def _colour(c) -> str:

@@ -1,8 +1,4 @@
-"""`moebench merge`: shard results (from --shard or a Slurm array) back into one results file.
-
-Thin, like the rest of the CLI: parse -> moebench.parallel.merge.merge_results -> write -> one summary
-line. Runs without torch.
-"""
+"""`moebench merge` (moebench.parallel.merge): parse -> merge_results -> write -> one summary line."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""`moebench pr`: the performance section of a kernel PR from two versions of a kernel, in one command.
-
-A composition: every case runs through the run driver (moebench.core.driver.Driver), each arm with
-its own environment. --off/--on take ab's KEY=VAL, plus plugin=FILE.py and megatron_lm=PATH (the
-arm's kernel source: moebench.sources.arms); the runs, as the sections need them: the verify matrix
-untimed with the OFF launch as the baseline; on a GPU, one timed run per arm over the spec's cases,
-ab's interleaved arms at the decision shapes, the decision cases with one placement per timer group
-and the counters pass, and `ab` on sweeps/layer-FAMILY.yaml. It writes OUT/<device>/NAME-pr.json
-(the document and every record) and NAME-pr.md (moebench.report.pr).
-"""
+"""`moebench pr`: the performance section of a kernel PR from two versions of a kernel, in one command
+(docs/pr.md). A composition: every case runs through the run driver (moebench.core.driver.Driver),
+each arm with its own environment and kernel source (moebench.sources.arms); moebench.report.pr
+writes the page."""
 
 from __future__ import annotations
 

@@ -68,19 +68,25 @@ class Plan:
     verify: bool
 
 
-def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, shard: str | None = None,
-         timing: str | None = None) -> Plan:
-    spec = load_spec(spec_name)
-    if timing:
-        apply_timing_overrides(spec.timing, timing)
-    cases = expand(spec, quick=quick, verify=verify, force=force)
-    vary = varying_params(cases)
-    shard_of = None
-    if shard is not None or any(k in os.environ for k in ("SLURM_ARRAY_TASK_ID", "SLURM_PROCID")):
-        shard_of = shards.parse_shard(shard, os.environ)
-        if shard_of is not None:
-            shards.check_shard_count(shard_of[1], len(cases), "--shard" if shard is not None else None)
-            cases = shards.partition(cases, shard_of[1])[shard_of[0]]
+def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, timings: bool, sources: tuple,
+         interpret: bool | None, shard: str | None = None, timing: str | None = None) -> Plan:
+    """How `sweep` and `verify` start: --timings noted, the `sources` (--plugin, --megatron-lm) loaded
+    on the backend `interpret` asks for (None: none, a dry run), then the spec and its cases."""
+    STATE["timings"] = STATE["timings"] or timings
+    startup.mark("parsing the command line (typer)")
+    use_sources(*sources, interpret=interpret)
+    with startup.phase("spec and cases"):
+        spec = load_spec(spec_name)
+        if timing:
+            apply_timing_overrides(spec.timing, timing)
+        cases = expand(spec, quick=quick, verify=verify, force=force)
+        vary = varying_params(cases)
+        shard_of = None
+        if shard is not None or any(k in os.environ for k in ("SLURM_ARRAY_TASK_ID", "SLURM_PROCID")):
+            shard_of = shards.parse_shard(shard, os.environ)
+            if shard_of is not None:
+                shards.check_shard_count(shard_of[1], len(cases), "--shard" if shard is not None else None)
+                cases = shards.partition(cases, shard_of[1])[shard_of[0]]
     return Plan(spec, cases, vary, shard_of, quick, verify)
 
 
@@ -294,6 +300,7 @@ def finish(p: Plan, w: Where, a: Args, records: list, summary, written) -> int:
 # The panels of `sweep --help` (and `verify --help`).
 RUN, TIMER, OUTPUT, SCALE = "What to run", "Timer", "Output", "Scale-out"
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Sweep name (sweeps/NAME.yaml) or path to a spec file.")
+QUICK_OPT = typer.Option(False, "--quick", rich_help_panel=RUN, help="Use the spec's small CI smoke shape.")
 OUT_OPT = typer.Option(DEFAULT_OUT, "--out", rich_help_panel=OUTPUT, help="Results root: files go to "
                        "OUT/<device>/NAME.* (<device> is the GPU, cpu-interpreter, or host for a host-only family). "
                        "The default is ignored by git; the committed results/ is written only when named.")
@@ -321,7 +328,7 @@ TIMINGS_OPT = typer.Option(False, "--timings", rich_help_panel=OUTPUT, help="At 
 @app.command(short_help="Verify and time every case of a sweep; write the tables.")
 def sweep(
     spec: str = SPEC_ARG,
-    quick: bool = typer.Option(False, "--quick", rich_help_panel=RUN, help="Use the spec's small CI smoke shape."),
+    quick: bool = QUICK_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", rich_help_panel=RUN, help="List the cases and exit."),
     interpret: bool = INTERPRET_OPT,
     resume: bool = RESUME_OPT,
@@ -354,11 +361,8 @@ def sweep(
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Run a sweep: verify every case, time it under CUDA-graph replay, write tables."""
-    STATE["timings"] = STATE["timings"] or timings
-    startup.mark("parsing the command line (typer)")
-    use_sources(plugin, megatron_lm, interpret=interpret if not dry_run else None)
-    with startup.phase("spec and cases"):
-        p = plan(spec, quick=quick, verify=False, force=force, shard=shard, timing=timing)
+    p = plan(spec, quick=quick, verify=False, force=force, timings=timings, sources=(plugin, megatron_lm),
+             interpret=interpret if not dry_run else None, shard=shard, timing=timing)
     if dry_run:
         print_plan(p)
         raise typer.Exit(ExitCode.OK)
@@ -382,10 +386,7 @@ def verify(
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Run the spec's correctness matrix only; prints e.g. '2280/2280 exact'."""
-    STATE["timings"] = STATE["timings"] or timings
-    startup.mark("parsing the command line (typer)")
-    use_sources(plugin, megatron_lm, interpret=interpret)
-    with startup.phase("spec and cases"):
-        p = plan(spec, quick=quick, verify=True, force=force)
+    p = plan(spec, quick=quick, verify=True, force=force, timings=timings, sources=(plugin, megatron_lm),
+             interpret=interpret)
     raise typer.Exit(execute(p, Args(out_dir, interpret, formats, resume, force, case_limit=case_limit,
                                      isolate=isolate, time_it=False)))

@@ -155,10 +155,9 @@ def _run_workers(spec: Spec, cases: Sequence[Case], worker_keys: Sequence[str], 
     locked for the others.
     `passes`: pass instances whose per-case hooks run in every worker (pickled: module-level
     classes); `environ`: the run's environment (kill switches), None: this process's.
-    `respawn` (--isolate): a worker that died holding a case, was killed past the case limit or left
-    after a CUDA error is replaced by a fresh one with the same key while cases are left; under the
-    interpreter with a case limit, a worker still holding a case WATCHDOG_GRACE_S past the limit is
-    killed and its case recorded as CaseTimeLimit.
+    `respawn` (--isolate): a worker that died, was killed or left after a CUDA error is replaced by a
+    fresh one with the same key while cases are left; under the interpreter, one holding a case
+    WATCHDOG_GRACE_S past the case limit is killed and the case recorded as CaseTimeLimit.
     """
     if not cases:
         return

@@ -1,16 +1,7 @@
-"""Seed kernels beside their upstream twins: is moebench's seed baseline the kernel the PR changed?
-
-A *twin pair* is a record of an `upstream` variant (Megatron's kernel, imported at run time) and
-a record of one of the moebench variants it names as its twins (the seed baselines: same
-mechanism, written here) from the same run, with the same shape and the same launch (every
-numeric launch value equal: block, warps, grid or NUM_BLOCKS, ...). Both were timed
-by the same timer over the same buffer rotation, so their ratio says whether the two kernels are
-the same mechanism: within the family's `twin_tolerance` they are. Each side was checked
-with torch.equal against the sweep's baseline launch, so both being equal to it makes the pair
-bit-exact with each other.
-
-Pure Python over records: no torch.
-"""
+"""Seed kernels beside their upstream twins (docs/method.md, "Beside Megatron's kernels"; the page
+says how a pair is made): an `upstream` record and one of the seed variants it names as twins, from
+one run, at the same shape and every numeric launch value equal; within the family's
+`twin_tolerance` their ratio says they are one mechanism. Pure Python over records: no torch."""
 
 from __future__ import annotations
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from moebench.analysis import value_of as _val, varying_keys
+from moebench.analysis import value_of as _val
 from moebench.core import counters as K
+from moebench.core.cases import varying_params
 from moebench.core.text import md_table, num, ordered
 
 
@@ -55,7 +56,7 @@ def section(spec, records) -> str:
         out += [f"{len(flagged)} of {len(measured)} cases moved far from the family's `bytes` through L2 (outside "
                 f"{1 / K.TRAFFIC_FAR_X:g}×–{K.TRAFFIC_FAR_X:g}×); their floors read against the model, not the "
                 "traffic:", ""]
-        vary = _varying(measured)
+        vary = varying_params(measured)
         out += [f"- ⚑ `{r.case_id}` {r.label} {_shape_text(r, vary)}: {r.cross['work_check']['note']}"
                 for r in flagged]
     else:
@@ -70,17 +71,12 @@ def section(spec, records) -> str:
     return "\n".join(out)
 
 
-def _shape_text(r, keys: list[str]) -> str:
+def _shape_text(r, keys: tuple[str, ...]) -> str:
     return "(" + ", ".join(f"{k}={_val(r, k)}" for k in keys) + ")" if keys else ""
 
 
-def _varying(recs) -> list[str]:
-    """The parameters that take more than one value across these records."""
-    return [k for k in varying_keys(recs) if k != "label"]
-
-
 def _case_table(recs) -> str:
-    vary = _varying(recs)
+    vary = varying_params(recs)
     head = (["variant", *vary, "µs", "kernel µs", "× empty", "achieved occ %", "theoretical % (limiter)",
              "arith. occ %", "waves", "DRAM %", "L2 %", "L2 hit %", "SM %", "instructions", "× leanest",
              "active lanes %", "atomics", "L2 bytes / model", "bound", "why"])

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from moebench.analysis import value_of
-from moebench.analysis.ab import (OFF, ON, ABPair, Arm, Setting, ab_markdown, ab_stats, min_detectable, per_step,
-                                  timer_text)
+from moebench.analysis.ab import (OFF, ON, SEPARATION, ABPair, Arm, Setting, ab_markdown, ab_stats, min_detectable,
+                                  per_step, times_noise, timer_text)
 from moebench.analysis.compare import classify
 from moebench.analysis.recommend import decide, switches
 from moebench.core.baseline import launch_layers
@@ -67,11 +67,10 @@ def _summary(doc, records, nums):
     c, bits = nums["correctness"] or {}, []
     for r in nums["separation"] or ():
         if "delta" in r:
-            sep = {"better": "every ON iteration beats every OFF iteration",
-                   "worse": "every OFF iteration beats every ON iteration"}.get(r["separation"], "the arms overlap")
+            sep = SEPARATION.get(r["separation"], SEPARATION["overlap"])
             step = f"; {r['per_step_delta_us']:+.1f} µs per step" if r["per_step_delta_us"] is not None else ""
             bits.append(f"at {r['case']}, {r['off_mean']:.3f} → {r['on_mean']:.3f} µs ({100 * r['rel']:+.1f}%), "
-                        f"{sep} (Δ ≈ {r['effect']:.{0 if r['effect'] >= 10 else 1}f}× the noise){step}")
+                        f"{sep} (Δ ≈ {times_noise(r['effect'])} the noise){step}")
     exact = (f"ON bit-exact with OFF in {c['equal']}/{c['n']} cases" if c.get("against") == "off" else
              f"{c['equal']}/{c['n']} ON cases pass" if c else "no correctness run")
     timed = "; ".join(bits) or "timings need a GPU (this run used the Triton interpreter: correctness only)"
@@ -182,10 +181,8 @@ def _counters(doc, records, nums):
 
 
 def counters_sentence(off: dict, on: dict, work_off: dict, work_on: dict) -> str:
-    """One sentence that follows from the two arms' counters, the first rule that applies: the
-    instructions differ by more than 20% (the work changed); the achieved occupancy by more than 5
-    points (the resident warps changed); DRAM or L2 throughput by more than 10 points (the traffic
-    changed); else the CTAs with work differ (latency spread over other CTAs); else nothing."""
+    """One sentence that follows from the two arms' counters: the first rule of docs/pr.md's "Rules
+    worth knowing" that applies."""
     i0, i1 = off.get("instructions"), on.get("instructions")
     o0, o1 = off.get("achieved_occupancy_pct"), on.get("achieved_occupancy_pct")
     if i0 and i1 and not 0.8 <= i1 / i0 <= 1.25:

@@ -15,7 +15,7 @@ from moebench.core.records import Record
 from moebench.core.text import md_table, ordered, printable, varying
 from moebench.report.conformance import section as twins_section
 from moebench.report.counters import section as counters_section  # records with cross.counters
-from moebench.report.sections import sweep_section
+from moebench.report.sections import SWEEP, family_section
 from moebench.report.sections.layer import ratio
 from moebench.report.ties import NOT_TAKEN, _label, full_labels
 
@@ -181,6 +181,14 @@ def page_metric(spec, records: list[Record]) -> str:
     return spec.pivot.get("metric", "median_us") if timed else "ref_check"
 
 
+def page_pivots(spec, records: list[Record]) -> tuple[str, str, list[tuple[str, pd.DataFrame]]]:
+    """The pivots of a results page (and of the terminal after a sweep): (metric, the corner
+    "rows \\ cols", the tables), over the spec's pivot."""
+    metric = page_metric(spec, records)
+    rows, cols = spec.pivot.get("rows", "label"), spec.pivot.get("cols", "label")
+    return metric, f"{rows} \\ {cols}", pivots(records, rows, cols, metric, list(spec.family.params))
+
+
 def verdict_line(records: list[Record], host_only: bool = False) -> str:
     """'2280/2280 exact' when every passing case equals the torch reference bit for bit; for bf16
     kernels that pass within their stated ulp bound, says how many were exact and how many not. A
@@ -207,8 +215,6 @@ def verdict_line(records: list[Record], host_only: bool = False) -> str:
 
 def sweep_markdown(spec, records: list[Record], prov: dict) -> str:
     """The results page: what ran, where, the verdict, the PR-style tables and the floors."""
-    pv = spec.pivot
-    metric = page_metric(spec, records)
     dev = prov.get("device", {})
     c = prov.get("ceilings", {}) or {}
     out = [f"# {spec.name}", ""]
@@ -262,14 +268,13 @@ def sweep_markdown(spec, records: list[Record], prov: dict) -> str:
     else:
         out.append("- Timing: none in this run.")
     out.append("")
-    rows, cols = pv.get("rows", "label"), pv.get("cols", "label")
-    tables = pivots(records, rows, cols, metric, list(spec.family.params))
+    metric, corner, tables = page_pivots(spec, records)
     for title, t in tables:
-        out += [f"## {metric}" + (f" — {title}" if title else ""), "", md_table(*pivot_rows(t, metric, f"{rows} \\ {cols}")), ""]
+        out += [f"## {metric}" + (f" — {title}" if title else ""), "", md_table(*pivot_rows(t, metric, corner)), ""]
     if any(NOT_TAKEN in str(k) for _, t in tables for k in t.index):
         out += [NOT_TAKEN_NOTE, ""]
     # a family may add sections of its own (e.g. combine's band table), after the pivots
-    own = sweep_section(spec.family, records)
+    own = family_section(SWEEP, spec.family, records)
     if own is not None:
         out += [own, ""]
     out += [s + "\n" for s in (counters_section(spec, records),) if s]

@@ -1,13 +1,7 @@
-"""Kernel sources per arm of `moebench pr`: two versions of one kernel in one process.
-
-- `plugin=FILE.py`: the file runs with each variant name it registers suffixed by the arm
-  (`histogram@on`; moebench.sources.plugins), so two files registering one name coexist.
-- `megatron_lm=PATH`: each upstream variant of the family gets a clone `NAME@on` whose builder runs
-  the original inside `upstream.rooted(PATH)`: its kernel comes from that checkout's kernel file.
-
-`modules` and `compiled` say afterwards which code ran; the counters child re-creates the arms
-from `loaded()` (`restore`).
-"""
+"""Kernel sources per arm of `moebench pr` (docs/pr.md, "The arms"): two versions of one kernel in one
+process, a plugin's variants suffixed by the arm (`histogram@on`), an upstream variant's clone run
+inside `upstream.rooted(PATH)`. `modules` and `compiled` say afterwards which code ran; the counters
+child re-creates the arms from `loaded()` (`restore`)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from its JSON would lose one a plugin brought."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 from moebench.report.sections import act, combine, count, layer
@@ -15,13 +16,10 @@ SWEEP: dict[str, Callable[[list], str]] = {"count": count.markdown_sections, "ac
 AB: dict[str, Callable[[list], str]] = {"layer": layer.conversion_section}
 
 
-def sweep_section(fam, records: list) -> str | None:
-    """The family's own part of a sweep's results page, or None where it has none."""
-    fn = SWEEP.get(fam.name) if fam.origin == "builtin" else None
+def family_section(pages: dict[str, Callable[[list], str]], fam, records: list) -> str | None:
+    """The family's own part of a page (`pages`: SWEEP or AB), or None where it has none."""
+    fn = pages.get(fam.name) if fam.origin == "builtin" else None
     return fn(records) if fn is not None else None
 
 
-def ab_section(fam, records: list) -> str | None:
-    """The family's own reading of both arms of an `ab` run (layer: the conversion), or None."""
-    fn = AB.get(fam.name) if fam.origin == "builtin" else None
-    return fn(records) if fn is not None else None
+ab_section = partial(family_section, AB)  # the reading of both arms of an `ab` run (layer: the conversion)
