@@ -109,6 +109,10 @@ def open_db(path: Path | str, *, create: bool = False) -> Iterator[sqlite3.Conne
             con.execute(f"PRAGMA busy_timeout = {int(BUSY_S * 1000)}")
             con.execute("PRAGMA trusted_schema = OFF")
             _check_or_init(con, path, create)
+        except sqlite3.OperationalError as e:
+            if not _busy(e):
+                raise _refuse(path, f"not a moebench history database ({e})") from None
+            raise _refuse(path, f"busy: another process held it for over {BUSY_S:.0f} s ({e}); try again") from None
         except sqlite3.DatabaseError as e:
             raise _refuse(path, f"not a moebench history database ({e})") from None
         yield con
@@ -133,7 +137,7 @@ def _expected() -> set[tuple[str, str, str]]:
 def _check_or_init(con: sqlite3.Connection, path: Path, create: bool) -> None:
     found = _objects(con)
     if not found and create:
-        con.execute("PRAGMA journal_mode = WAL")
+        _wal(con)
         with _write(con):
             if not _objects(con):
                 for stmt in _SCHEMA.split(";"):
@@ -156,6 +160,25 @@ def _check_or_init(con: sqlite3.Connection, path: Path, create: bool) -> None:
         t, n, _ = extra[0]
         raise _refuse(path, f"holds {len(extra)} object(s) moebench did not create (e.g. {t} {n[:40]!r}); a history "
                             "database holds its own tables only, and SQL stored in one is never run")
+
+
+def _busy(e: sqlite3.Error) -> bool:
+    return getattr(e, "sqlite_errorname", "").startswith("SQLITE_BUSY") or "locked" in str(e)
+
+
+def _wal(con: sqlite3.Connection) -> None:
+    """Switch a new database to WAL. SQLite answers "database is locked" at once, without waiting
+    out busy_timeout, while another connection is in it (two `history add` making one new file):
+    retry until BUSY_S has passed."""
+    deadline = time.monotonic() + BUSY_S
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if not _busy(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 @contextmanager

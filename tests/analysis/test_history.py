@@ -10,6 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -631,3 +632,35 @@ def test_history_check_memory_is_bounded_by_the_window_not_the_runs(tmp_path):
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["regressions"] == 1 and got["at"] == [580] and got["maxrss_mb"] < 500, got
+
+
+def _hold_write_lock(db: Path) -> sqlite3.Connection:
+    """Another connection inside a write transaction on `db` (another `history add` creating it)."""
+    con = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    con.execute("BEGIN IMMEDIATE")
+    return con
+
+
+def test_a_new_database_waits_for_another_writer_instead_of_failing(tmp_path):
+    """SQLite refuses the switch to WAL at once, without waiting out its busy timeout, while another
+    connection writes the file (two `history add` starting on one new database): creating waits."""
+    db = tmp_path / "h.sqlite"
+    other = _hold_write_lock(db)
+    threading.Timer(0.5, other.rollback).start()
+    with open_db(db, create=True) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    other.close()
+
+
+def test_a_database_busy_past_the_timeout_says_busy_not_foreign(tmp_path, monkeypatch):
+    from moebench.analysis import history
+
+    monkeypatch.setattr(history, "BUSY_S", 0.3)
+    db = tmp_path / "h.sqlite"
+    other = _hold_write_lock(db)
+    with pytest.raises(UsageError, match="busy: another process held it") as e:
+        with open_db(db, create=True):
+            pass
+    assert "not a moebench history" not in str(e.value)
+    other.close()
