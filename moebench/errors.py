@@ -57,7 +57,7 @@ class BackendError(MoebenchError):
 
 
 class Interrupted(MoebenchError):
-    """A sweep was stopped by a signal; completed records were saved."""
+    """A run was stopped by a signal; the message says what was kept."""
 
     def __init__(self, signum: int, message: str):
         self.exit_code = ExitCode.INTERRUPTED + signum

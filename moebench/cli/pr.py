@@ -28,7 +28,7 @@ from moebench.core.pipeline import Options
 from moebench.core.provenance import provenance, variant_code
 from moebench.core.spec import PACKAGE_ROOT, load_spec
 from moebench.core.store import OutputLock, atomic_write_text
-from moebench.errors import SpecError, UsageError
+from moebench.errors import Interrupted, SpecError, UsageError
 from moebench.report.pr import SECTIONS, TIMED, build
 from moebench.sources import arms, upstream
 
@@ -183,6 +183,9 @@ class Run:
                     bar.advance()
                 elif isinstance(ev, Summary):
                     summary = ev
+        if not summary.complete:  # the driver kept what finished; a page from part of the runs would read as whole
+            raise Interrupted(summary.interrupted, f"INCOMPLETE: interrupted in the {run} run ({side}); no page "
+                              "written (a pr page is written only whole): rerun the command")
         for k, hashes in arms.compiled(mods()).items():
             mine = self.compiled[side].setdefault(k, [])
             mine += [h for h in hashes if h not in before.get(k, ()) and h not in mine]

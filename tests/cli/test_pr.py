@@ -312,3 +312,28 @@ def test_the_counters_sentence_follows_the_first_rule_that_applies():
                                                                                    work2, work2)
     assert "spread over 16 CTAs with work in ON against 2 in OFF" in counters_sentence(base, base, work2, work16)
     assert "do not tell the arms apart" in counters_sentence(base, base, work2, work2)
+
+
+def test_an_interrupt_stops_the_whole_pr_and_writes_no_partial_page(tmp_path, capsys, gpu_stand_in, monkeypatch):
+    """Ctrl-C in one run of `pr` (the driver keeps what finished and ends that run) stops `pr`: no
+    later run starts, and no page presents part of a verdict as the whole (exit 130)."""
+    import os
+    import signal
+
+    from moebench.core.placements import Timer
+
+    stand_in, seen = Timer.time, []
+
+    def interrupted_on_the_third(self, case, rec, builts, **kw):
+        seen.append(case.id)
+        if len(seen) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return stand_in(self, case, rec, builts, **kw)
+
+    monkeypatch.setattr(Timer, "time", interrupted_on_the_third)
+    code, _, err = run_cli(["pr", _tiny(tmp_path), "--quick", "--off", "block_size=1024", "--on", "block_size=128",
+                            "--arms", "2", "--iters", "2", "--out", str(tmp_path)], capsys)
+    assert code == 130, err
+    assert "INCOMPLETE: interrupted in the gain run" in err and "no page written" in err and "Traceback" not in err
+    assert len(seen) == 3  # nothing timed after the interrupt
+    assert not list(tmp_path.glob("cpu-interpreter/tiny-pr*"))
