@@ -215,7 +215,8 @@ def explain(rec: Recommendation) -> list[str]:
     if rec.tied:
         lines.append(f"Tie at {rec.shapes_text(list(rec.tied))}: {TIE_NOTE}")
     if rec.weights is not None and rec.weighted_choice is not None:
-        w = ", ".join(f"{rec.shape_text(s)}: {v:g}" for s, v in rec.weights.items())
+        total = sum(rec.weights.values())  # each weight as its share of the mix, as --emit says it
+        w = ", ".join(f"{rec.shape_text(s)}: {v / total:.3g}" for s, v in rec.weights.items())
         wc = rec.weighted_choice
         lines.append(f"Weighted ({w}): {rec.config_text(wc)} has the least expected regret, "
                      f"{100 * wc.weighted:.1f}%" + (" — the same choice." if wc is r else

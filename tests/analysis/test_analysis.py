@@ -285,6 +285,7 @@ def test_recommend_weighted_and_through_a_results_file(tmp_path, monkeypatch, ca
     # 13.34 ± 0.4% at 16384 overlaps block 256's 13.26 ± 0.4%: a tie there, marked on both cells
     row = "| 128 | 2.11 +2.9% | 2.44 +3.8% | 4.66 +2.2% | 13.34 +0.6% tie | 3.8% | 1024 | 2.2% | robust, weighted |"
     assert row in out and "| 13.26 tie |" in out
+    assert "Weighted (tokens=256: 0.7, tokens=16384: 0.3):" in out  # the mix as given, not scaled to its largest
     code, _, err = cli(monkeypatch, capsys, "recommend", path, "--weights", "512=1")
     assert code == 2 and "tokens=512 was not swept" in one_line(err)
 
