@@ -71,8 +71,7 @@ def plot_results(records: list[Record], prov: dict, out: Path, *, reference: Ref
     lines = _lines(records, p, others, _metric(metric), notes)
     ref_lines = _lines(reference.records, p, [], _metric(metric)) if reference is not None else {}
     if not lines and not ref_lines:
-        raise UsageError(f"no {metric} to plot: these results have no timings (an interpreter run checks "
-                         "correctness only); plot a GPU sweep's results, or add --reference")
+        raise _nothing_to_plot(records, p, metric)
     if not lines:
         notes.append(f"no {metric} in the results (interpreter run?): only the reference is drawn")
 
@@ -208,6 +207,25 @@ def _lines(records: list[Record], p: Preset, others: list[str], get: Callable[[R
     if notes is not None and no_x:
         notes.append(f"{no_x} timed case(s) without a positive {p.x} (a variant that does not read it) not drawn")
     return {k: sorted(out[k]) for k in ordered(out)}
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def _nothing_to_plot(records: list[Record], p: Preset, metric: str) -> UsageError:
+    """Why no point can be drawn: no timings at all, no such metric, or an x that is not a number."""
+    timed = [r for r in records if r.status == "ok" and metric_of(r, metric) is not None]
+    if timed:
+        numeric = [k for k in varying_keys(timed) if all(_positive(value_of(r, k)) for r in timed)]
+        return UsageError(f"--x: {p.x} is not a positive number in any case with a {metric}; name a parameter that "
+                          f"is ({', '.join(numeric) or 'none varies'})")
+    if not any(r.status == "ok" and "median_us" in r.timing for r in records):
+        return UsageError(f"no {metric} to plot: these results have no timings (an interpreter run checks "
+                          "correctness only); plot a GPU sweep's results, or add --reference")
+    held = sorted({k for r in records if r.status == "ok" for g in (r.timing, r.work, r.cross, r.checks)
+                   for k, v in g.items() if metric_of(r, k) is not None})
+    return UsageError(f"--metric: no {metric} in these results; the numbers they hold: {', '.join(held)}")
 
 
 def _metric(metric: str) -> Callable[[Record], float | None]:

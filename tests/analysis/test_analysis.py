@@ -437,6 +437,15 @@ def test_plot_act_with_and_without_floor(tmp_path):
     assert any("only the reference" in n for n in drawn.notes)
     with pytest.raises(UsageError, match="is a 'count' table"):
         plot_results(with_floor, prov, tmp_path / "y.png", reference=load_reference(SEED000))
+    # timed results with nothing to draw say why, not "no timings"
+    with pytest.raises(UsageError, match=r"--metric: no cyclez in these results; the numbers they hold: .*median_us"):
+        plot_results(with_floor, prov, tmp_path / "m.png", metric="cyclez")
+    named = [act_rec(g, 2048, us, 1.55) for g, us in grid_us.items()]
+    for r in named:
+        r.params["op"] = "silu_mul"  # a parameter that is no number
+    with pytest.raises(UsageError, match=r"--x: op is not a positive number in any case with a median_us; name a "
+                                         r"parameter that is \(grid_cap\)"):
+        plot_results(named, prov, tmp_path / "o.png", x="op")
 
 
 # ----------------------------------------------------------------------------- ab schedule
