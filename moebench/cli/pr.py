@@ -6,6 +6,7 @@ writes the page."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +86,10 @@ def pr(
     out.print(f"Wrote {dest / stem}.md, {dest / stem}.json", highlight=False)
     print_failures(run.records)
     raise typer.Exit(exit_code(run.records))
+
+
+def incomplete(where: str) -> str:
+    return f"INCOMPLETE: interrupted in {where}; no page written (a pr page is written only whole): rerun the command"
 
 
 def parse_sections(text: str | None) -> list[str]:
@@ -184,8 +189,7 @@ class Run:
                 elif isinstance(ev, Summary):
                     summary = ev
         if not summary.complete:  # the driver kept what finished; a page from part of the runs would read as whole
-            raise Interrupted(summary.interrupted, f"INCOMPLETE: interrupted in the {run} run ({side}); no page "
-                              "written (a pr page is written only whole): rerun the command")
+            raise Interrupted(summary.interrupted, incomplete(f"the {run} run ({side})"))
         for k, hashes in arms.compiled(mods()).items():
             mine = self.compiled[side].setdefault(k, [])
             mine += [h for h in hashes if h not in before.get(k, ()) and h not in mine]
@@ -193,8 +197,11 @@ class Run:
 
     def ab(self, spec, pairs: list, offs, ons, run: str) -> dict:
         """`ab`'s interleaved arms over `pairs` (timed_arms)."""
-        records, doc = timed_arms(spec, self.device, pairs, offs, ons, arms=self.n_arms, iters=self.iters,
-                                  title=f"{self.spec.name} pr: {run} arms")
+        try:
+            records, doc = timed_arms(spec, self.device, pairs, offs, ons, arms=self.n_arms, iters=self.iters,
+                                      title=f"{self.spec.name} pr: {run} arms")
+        except KeyboardInterrupt as e:  # (SIGTERM's carries its number)
+            raise Interrupted(getattr(e, "signum", signal.SIGINT), incomplete(f"the {run} arms")) from None
         self.tag(records, run)
         return {"spec": spec.name, **doc}
 

@@ -337,3 +337,18 @@ def test_an_interrupt_stops_the_whole_pr_and_writes_no_partial_page(tmp_path, ca
     assert "INCOMPLETE: interrupted in the gain run" in err and "no page written" in err and "Traceback" not in err
     assert len(seen) == 3  # nothing timed after the interrupt
     assert not list(tmp_path.glob("cpu-interpreter/tiny-pr*"))
+    # in the interleaved arms (ab's loop, which the driver does not wind down): the same
+    seen.clear()
+
+    def interrupted_in_the_arms(self, case, rec, builts, **kw):
+        seen.append(case.id)
+        if len(seen) == 6:  # gain: 2 + 2 cases; then the separation arms
+            os.kill(os.getpid(), signal.SIGTERM)
+        return stand_in(self, case, rec, builts, **kw)
+
+    monkeypatch.setattr(Timer, "time", interrupted_in_the_arms)
+    code, _, err = run_cli(["pr", _tiny(tmp_path), "--quick", "--off", "block_size=1024", "--on", "block_size=128",
+                            "--arms", "2", "--iters", "2", "--out", str(tmp_path)], capsys)
+    assert code == 143, err
+    assert "INCOMPLETE: interrupted in the separation arms" in err and "Traceback" not in err
+    assert len(seen) == 6 and not list(tmp_path.glob("cpu-interpreter/tiny-pr*"))
