@@ -664,3 +664,20 @@ def test_a_database_busy_past_the_timeout_says_busy_not_foreign(tmp_path, monkey
             pass
     assert "not a moebench history" not in str(e.value)
     other.close()
+
+
+def test_the_committed_history_pages_are_what_their_commands_print(tmp_path, capsys, monkeypatch):
+    """results/h200/history/README.md's commands, run on its runs today, print its two pages."""
+    import re
+
+    here = ROOT / "results" / "h200" / "history"
+    cmds = re.findall(r"^python3 -m moebench (history [^#\n]+?)\s+# (\S+\.md)", (here / "README.md").read_text(), re.M)
+    assert [page for _, page in cmds] == ["check.md", "check-without-model.md"]
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["history", "add", *map(str, sorted((here / "runs").glob("*.json"))), "--db", "h.sqlite"],
+                           capsys)
+    assert code == 0, err
+    for cmd, page in cmds:
+        code, out, err = run_cli(cmd.split()[:], capsys)
+        assert code == 1, err  # the planted regression
+        assert out == (here / page).read_text(), page
