@@ -1,6 +1,9 @@
 """Records -> tables: verdict lines, pivots with parameters a variant does not read, re-rendering."""
 
 import json
+from pathlib import Path
+
+import pytest
 
 from clirun import run_cli
 from moebench.core.records import Record
@@ -210,3 +213,29 @@ def test_render_imports_no_plugin_of_moebench_plugins(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert res.with_suffix(".md").exists() and not marker.exists(), "render imported a plugin"
+
+
+def _committed_pages():
+    root = Path(__file__).resolve().parents[2] / "results"
+    for path in sorted(root.glob("*/*.json")):
+        if path.with_suffix(".md").exists():
+            yield path
+
+
+@pytest.mark.parametrize("results", list(_committed_pages()), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_committed_sweep_page_is_what_render_writes_today(results):
+    """Every results/<device>/NAME.md beside its NAME.json that moebench wrote as a sweep page is
+    what `moebench render` writes from that JSON with today's report code: a page never drifts
+    from its data (a report change re-renders it)."""
+    from moebench.analysis.pages import page_spec
+    from moebench.core.records import load_results
+    from moebench.core.store import page_problem, page_text
+    from moebench.report.sweep import sweep_markdown
+
+    prov, records = load_results(results)
+    page = results.with_suffix(".md")
+    if "ab" in prov or "pr" in prov or any("ab_side" in r.timing for r in records) or page_problem(
+            page, prov, len(records)):
+        pytest.skip("not a sweep page (an A/B, pr or conformance page)")
+    md = page_text(sweep_markdown(page_spec(prov, records), records, prov), prov, len(records))
+    assert md == page.read_text(), f"stale: moebench render {results.relative_to(results.parents[2])}"
