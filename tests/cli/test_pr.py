@@ -352,3 +352,14 @@ def test_an_interrupt_stops_the_whole_pr_and_writes_no_partial_page(tmp_path, ca
     assert code == 143, err
     assert "INCOMPLETE: interrupted in the separation arms" in err and "Traceback" not in err
     assert len(seen) == 6 and not list(tmp_path.glob("cpu-interpreter/tiny-pr*"))
+
+
+@pytest.mark.parametrize("results", sorted((Path(__file__).resolve().parents[2] / "results").glob("*/pr/*-pr.json")),
+                         ids=lambda p: p.stem)
+def test_a_committed_pr_page_is_what_its_json_builds_today(results):
+    """Each committed `pr` page is report.pr.build of the document and records in its JSON."""
+    from moebench.core.records import load_results
+
+    prov, records = load_results(results)
+    _, md = build(prov["pr"] | {"provenance": prov}, records, list(SECTIONS))
+    assert md == results.with_suffix(".md").read_text()
