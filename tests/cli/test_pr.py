@@ -314,44 +314,34 @@ def test_the_counters_sentence_follows_the_first_rule_that_applies():
     assert "do not tell the arms apart" in counters_sentence(base, base, work2, work2)
 
 
-def test_an_interrupt_stops_the_whole_pr_and_writes_no_partial_page(tmp_path, capsys, gpu_stand_in, monkeypatch):
-    """Ctrl-C in one run of `pr` (the driver keeps what finished and ends that run) stops `pr`: no
-    later run starts, and no page presents part of a verdict as the whole (exit 130)."""
+@pytest.mark.parametrize("nth, sig, where", [
+    (3, "SIGINT", "the gain run"),  # a run the driver winds down: gain OFF times 2 cases, ON's first is the third
+    (6, "SIGTERM", "the separation arms"),  # ab's interleaved loop, after gain's 2 + 2
+])
+def test_an_interrupt_stops_the_whole_pr_and_writes_no_partial_page(tmp_path, capsys, gpu_stand_in, monkeypatch,
+                                                                   nth, sig, where):
+    """Ctrl-C (or SIGTERM) in one run of `pr` stops `pr`: no later run starts, and no page presents
+    part of a verdict as the whole (exit 128 + the signal)."""
     import os
     import signal
 
     from moebench.core.placements import Timer
 
-    stand_in, seen = Timer.time, []
+    stand_in, seen, signum = Timer.time, [], getattr(signal, sig)
 
-    def interrupted_on_the_third(self, case, rec, builts, **kw):
+    def interrupted_on_the_nth(self, case, rec, builts, **kw):
         seen.append(case.id)
-        if len(seen) == 3:
-            os.kill(os.getpid(), signal.SIGINT)
+        if len(seen) == nth:
+            os.kill(os.getpid(), signum)
         return stand_in(self, case, rec, builts, **kw)
 
-    monkeypatch.setattr(Timer, "time", interrupted_on_the_third)
+    monkeypatch.setattr(Timer, "time", interrupted_on_the_nth)
     code, _, err = run_cli(["pr", _tiny(tmp_path), "--quick", "--off", "block_size=1024", "--on", "block_size=128",
                             "--arms", "2", "--iters", "2", "--out", str(tmp_path)], capsys)
-    assert code == 130, err
-    assert "INCOMPLETE: interrupted in the gain run" in err and "no page written" in err and "Traceback" not in err
-    assert len(seen) == 3  # nothing timed after the interrupt
+    assert code == 128 + signum, err
+    assert f"INCOMPLETE: interrupted in {where}" in err and "no page written" in err and "Traceback" not in err
+    assert len(seen) == nth  # nothing timed after the interrupt
     assert not list(tmp_path.glob("cpu-interpreter/tiny-pr*"))
-    # in the interleaved arms (ab's loop, which the driver does not wind down): the same
-    seen.clear()
-
-    def interrupted_in_the_arms(self, case, rec, builts, **kw):
-        seen.append(case.id)
-        if len(seen) == 6:  # gain: 2 + 2 cases; then the separation arms
-            os.kill(os.getpid(), signal.SIGTERM)
-        return stand_in(self, case, rec, builts, **kw)
-
-    monkeypatch.setattr(Timer, "time", interrupted_in_the_arms)
-    code, _, err = run_cli(["pr", _tiny(tmp_path), "--quick", "--off", "block_size=1024", "--on", "block_size=128",
-                            "--arms", "2", "--iters", "2", "--out", str(tmp_path)], capsys)
-    assert code == 143, err
-    assert "INCOMPLETE: interrupted in the separation arms" in err and "Traceback" not in err
-    assert len(seen) == 6 and not list(tmp_path.glob("cpu-interpreter/tiny-pr*"))
 
 
 @pytest.mark.parametrize("results", sorted((Path(__file__).resolve().parents[2] / "results").glob("*/pr/*-pr.json")),
