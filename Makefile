@@ -10,7 +10,7 @@ BIN     := $(VENV)/bin
 SMOKE   ?= $(VENV)/smoke-results
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU ?= torch==2.13.0
-# The GPU image's triton: the kernel tests also run under its interpreter (moebench.core.tritonpatch)
+# The GPU image's triton: the kernel tests also run under its interpreter (moebench.tritonpatch)
 TRITON_OLD ?= triton==3.6.0
 OLD     ?= $(VENV)-triton-old
 SWEEP   ?= count-block
@@ -63,7 +63,7 @@ $(OLD)/.installed:
 # the kernels and the interpreter patches under triton 3.6, in one process (`make test` runs it beside
 # the smoke runs): the kernel tests are short, and a second worker would only import everything again
 COMPAT_TESTS := tests/families/test_count.py tests/families/test_act.py tests/families/test_combine.py \
-                tests/core/test_interpret.py tests/core/test_tritonpatch.py
+                tests/core/test_interpret.py tests/test_tritonpatch.py
 compat: $(BIN)/.test-installed $(OLD)/.installed
 	PYTHONPATH=$(OLD) $(BIN)/python -m pytest -q -p no:cacheprovider $(COMPAT_TESTS)
 

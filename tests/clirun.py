@@ -121,7 +121,7 @@ def load_plugin(monkeypatch, path, text: str):
 
     monkeypatch.setenv(plugins.ENV, "")
     monkeypatch.setattr(plugins, "_LOADED", {})
-    monkeypatch.setattr(passes, "PASSES", dict(passes.PASSES))
+    monkeypatch.setattr(passes, "PASSES", dict(passes.catalogue()))
     for fam in catalogue().values():
         monkeypatch.setattr(fam, "variants", dict(fam.variants))
     path = Path(path)

@@ -7,9 +7,9 @@ import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ["TRITON_INTERPRET"] == "1":
-    from moebench.core import tritonpatch
+    from moebench import tritonpatch
 
-    tritonpatch.interpreter_patches()  # triton <= 3.6 under NumPy 2 (the H200 image): see moebench.core.tritonpatch
+    tritonpatch.interpreter_patches()  # triton <= 3.6 under NumPy 2 (the H200 image): see moebench.tritonpatch
 
 
 def pytest_collection_modifyitems(config, items):

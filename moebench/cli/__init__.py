@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from moebench.cli import analysis, history, info, parallel, pr, run
 from moebench.cli.common import STATE, err, fit_consoles, install_interrupts
-from moebench.core.tritonpatch import leave
+from moebench.tritonpatch import leave
 from moebench.errors import ExitCode, Interrupted, MoebenchError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="rich",
@@ -65,7 +65,7 @@ startup.mark("imports (typer, rich, the command line)")  # from moebench's first
 
 def entry() -> None:
     """The console command (`moebench`, `python3 -m moebench`): `main`, then a quick exit (the
-    fast_exit patch of moebench.core.tritonpatch; MOEBENCH_FAST_EXIT=0 keeps the ordinary exit)."""
+    fast_exit patch of moebench.tritonpatch; MOEBENCH_FAST_EXIT=0 keeps the ordinary exit)."""
     code: object = 0
     try:
         main()

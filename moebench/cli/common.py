@@ -25,7 +25,7 @@ from rich.text import Text
 from moebench import startup
 from moebench.analysis import GROUPS, metric_of, raw_value
 from moebench.core import device as devices
-from moebench.core import tritonpatch
+from moebench import tritonpatch
 from moebench.core.stats import median
 from moebench.core.text import md_table, ordered, printable
 from moebench.errors import BackendError, ExitCode, UsageError

@@ -21,7 +21,7 @@ from moebench.cli.analysis import ARMS, ARMS_OPT, ITERS_OPT, ab_outputs, ab_setu
 from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, Bar, comma_list, exit_code, out,
                                  print_failures, print_markdown, select_backend, use_sources)
 from moebench.cli.run import SPEC_ARG
-from moebench.core import counters, device as devices
+from moebench.core import device as devices
 from moebench.core.baseline import launch_layers
 from moebench.core.cases import expand
 from moebench.core.driver import Driver, Finished, Summary
@@ -30,6 +30,7 @@ from moebench.core.provenance import provenance, variant_code
 from moebench.core.spec import PACKAGE_ROOT, load_spec
 from moebench.core.store import OutputLock, atomic_write_text
 from moebench.errors import Interrupted, SpecError, UsageError
+from moebench.passes import counters
 from moebench.report.pr import SECTIONS, TIMED, build
 from moebench.sources import arms, upstream
 

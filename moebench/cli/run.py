@@ -17,7 +17,7 @@ from moebench.cli.common import (DEFAULT_OUT, MEGATRON_OPT, PLUGIN_OPT, STATE, B
                                  print_failures, print_pivots, print_rows, print_timings, raise_pending, select_backend,
                                  in_run, use_sources)
 from moebench.core.cases import expand, varying_params
-from moebench.core.counters import note as counters_note
+from moebench.passes.counters import note as counters_note
 from moebench.core.device import host_device, load_or_measure_ceilings
 from moebench.core.noise import apply as apply_noise
 from moebench.core.driver import Finished, Profiling, Retimed, Started, Summary, run_sweep

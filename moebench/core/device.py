@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from moebench.core import tritonpatch
+from moebench import tritonpatch
 from moebench.core.store import atomic_write_text
 from moebench.core.stats import median, noise_below, summarize
 from moebench.core.text import slugify

@@ -23,7 +23,7 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from moebench.core import tritonpatch
+from moebench import tritonpatch
 from moebench.core.text import one_line, show
 from moebench.errors import UsageError
 from moebench.sources.plugins import current_source, current_suffix, load_installed

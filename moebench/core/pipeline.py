@@ -25,7 +25,7 @@ from moebench.core.placements import Placements, Timer, floors, occupancy
 from moebench.core.records import Record
 from moebench.core.spec import Spec, Timing
 from moebench.core.text import one_line
-from moebench.core.tritonpatch import launches, specializations, undefined_names
+from moebench.tritonpatch import launches, specializations, undefined_names
 from moebench.errors import Unavailable
 from moebench.sources.plugins import time_limit, user_code, where_in_plugin
 
@@ -299,7 +299,7 @@ class CasePipeline:
         """Reset and run once: the launch whose output is checked, and the one that compiles a new
         JIT specialization, so compiling stays out of any timing. Returns the seconds of this
         launch when Triton prepared a new specialization in it (compile time plus one run of the
-        kernel), else None. Triton says which (moebench.core.tritonpatch.specializations)."""
+        kernel), else None. Triton says which (moebench.tritonpatch.specializations)."""
         built.reset()
         with specializations() as new:
             t0 = self.clock()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from moebench.analysis import value_of as _val
-from moebench.core import counters as K
+from moebench.passes import counters as K
 from moebench.core.cases import varying_params
 from moebench.core.text import md_table, num, ordered
 

@@ -5,7 +5,7 @@ SM cycles; its duration is cycles / the measured cycle rate) at ~2 and ~14 µs, 
 count cases (16384 tokens at BLOCK 64 and 512, where nvbench read 1.3-2.7% above moebench, and
 1024 / 512, 256 / 128). Each graph (`--launches` launches of one closure) is timed by:
   moebench  time_graph's method: CUDA events around each replay, median per launch
-  nvbench   cuda.bench over the same graph object (batch and cold), moebench.core.timing.nvbench_graphs
+  nvbench   cuda.bench over the same graph object (batch and cold), moebench.passes.timers.nvbench_graphs
   dobench   triton's do_bench_cudagraph on the closure
 Prints one row per graph and writes JSON. GPU only; nvbench needs cuda-bench (see
 scripts/h200-instrument.sh for the wheels).
@@ -32,7 +32,8 @@ def main() -> None:
     import torch
 
     import spin
-    from moebench.core.timing import NvbenchItem, capture, dobench_cudagraph_us, nvbench_graphs, time_graph
+    from moebench.core.timing import capture, time_graph
+    from moebench.passes.timers import NvbenchItem, dobench_cudagraph_us, nvbench_graphs
     from moebench.families.count import kernels as K
 
     out = torch.zeros(2, dtype=torch.int64, device="cuda")

@@ -11,7 +11,7 @@ import pytest
 
 from clirun import run_cli
 from moebench.analysis.ab import OFF, ON, ab_pairs, parse_setting
-from moebench.core import counters
+from moebench.passes import counters
 from moebench.core.cases import expand
 from moebench.core.family import catalogue
 from moebench.core.records import Record

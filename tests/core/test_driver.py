@@ -14,26 +14,28 @@ from moebench.core.driver import Driver, Finished, Profiling, Summary
 from moebench.core.pipeline import CasePipeline, Options
 from moebench.core.spec import load_spec
 from moebench.errors import UsageError
+from moebench.passes.crosscheck import Nvbench
 
 CUDA = SimpleNamespace(backend="cuda", name="NVIDIA H200")
 
 
 @pytest.fixture
 def cpu_passes(monkeypatch):
-    monkeypatch.setitem(P.PASSES, "echo", EchoPass)
+    monkeypatch.setitem(P.catalogue(), "echo", EchoPass)  # after the built-in ones
     monkeypatch.setitem(P.PASSES, "tally", TallyPass)
 
 
 def test_each_built_in_pass_declares_where_it_runs():
-    assert list(P.PASSES)[:3] == ["dobench", "nvbench", "profiler"]
-    assert P.PASSES["dobench"].in_workers and not P.PASSES["dobench"].has_after_all()
+    known = P.catalogue()
+    assert list(known) == ["dobench", "nvbench", "profiler", "counters"]  # the order after_all hooks run in
+    assert known["dobench"].in_workers and not known["dobench"].has_after_all()
     for name in ("nvbench", "profiler"):  # they need every case's graphs in one process
-        assert not P.PASSES[name].in_workers and P.PASSES[name].has_after_all()
+        assert not known[name].in_workers and known[name].has_after_all()
 
 
 @pytest.mark.parametrize("name", ["dobench", "nvbench", "profiler"])
 def test_a_pass_is_refused_where_it_cannot_run(name, monkeypatch):
-    monkeypatch.setattr(P.Nvbench, "unavailable", lambda self: None)  # as where cuda.bench is installed
+    monkeypatch.setattr(Nvbench, "unavailable", lambda self: None)  # as where cuda.bench is installed
     with pytest.raises(UsageError, match=f"--cross-check {name}: needs timings on a CUDA device"):
         P.select((name,), backend="interpret", timed=False, workers=False)
     with pytest.raises(UsageError, match="untimed run"):
@@ -47,7 +49,7 @@ def test_a_pass_is_refused_where_it_cannot_run(name, monkeypatch):
 
 
 def test_the_driver_refuses_before_any_worker_starts(monkeypatch):
-    monkeypatch.setattr(P.Nvbench, "unavailable", lambda self: None)
+    monkeypatch.setattr(Nvbench, "unavailable", lambda self: None)
     spec = load_spec("count-block")
     spawned = []
     with pytest.raises(UsageError, match="--cross-check nvbench: cannot run with --devices"):
@@ -100,7 +102,7 @@ def test_a_case_keeps_nothing_for_a_pass_that_did_not_ask():
     from moebench.core.placements import Placements, Timer
 
     dev = detect(True)
-    nv = P.Nvbench()
+    nv = Nvbench()
     for passes in ([], [nv]):
         timer = Timer(spec.timing, Placements(spec.timing, dev, time_it=True), time_groups=time_groups,
                       clocks=lambda i: {"sm_mhz": None, "sm_max_mhz": None})

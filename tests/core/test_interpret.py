@@ -1,4 +1,4 @@
-"""The interpreter speed change (moebench.core.tritonpatch.patch_lang_once): a nested @triton.jit
+"""The interpreter speed change (moebench.tritonpatch.patch_lang_once): a nested @triton.jit
 call no longer re-patches triton.language, and kernels compute the same as before."""
 
 import os

@@ -73,7 +73,7 @@ def test_a_timed_case_runs_through_an_injected_timer_and_clock(monkeypatch):
     from triton.runtime.interpreter import InterpretedFunction
 
     # under the interpreter a specialization is a function prepared for the first time in the
-    # process (moebench.core.tritonpatch): start from none prepared, whatever ran before here
+    # process (moebench.tritonpatch): start from none prepared, whatever ran before here
     monkeypatch.setattr(InterpretedFunction, "rewritten_fn", {}, raising=False)
     spec = load_spec("count-block")
     calls = []

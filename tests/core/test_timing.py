@@ -1,9 +1,7 @@
 """The timing core without a GPU: the group timer's rounds and stopping rules on a scripted clock,
-the session's estimate over placement groups, the nvbench cross-check's plumbing and its one-line
-refusal where cuda.bench is missing, timing overrides, and the untimed fast path (background
+the session's estimate over placement groups, timing overrides, and the untimed fast path (background
 inputs, shape-major order) giving the same records."""
 
-import json
 import math
 from types import SimpleNamespace
 
@@ -14,7 +12,6 @@ from test_pipeline import _runner as _session  # a count-block pipeline under th
 from moebench.core import pipeline as S
 from moebench.core import prefetch
 from moebench.core.driver import Driver, Finished
-from moebench.core.passes import AfterAll, CaseDone, Nvbench
 from moebench.core.placements import Placements, Timer
 from moebench.core import timing as T
 from moebench.core.cases import expand
@@ -200,53 +197,6 @@ def test_timing_overrides_and_their_errors(tmp_path, capsys):
     assert code == 2 and "timing.placement_memory: expected one of caching, private" in err
 
 
-def test_nvbench_missing_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(__import__("sys").modules, "cuda.bench", None)
-    code, out, err = run_cli(["sweep", "count-block", "--quick", "--cross-check", "nvbench", "--out", str(tmp_path)],
-                             capsys)
-    assert code == 2 and "Traceback" not in err
-    line = [x for x in err.splitlines() if x.strip()]
-    assert len(line) == 1 and "--cross-check nvbench: cuda.bench is not importable here" in line[0]
-    assert "moebench[nvbench]" in line[0] and not any(tmp_path.iterdir())
-
-
-def test_nvbench_results_become_per_launch_times_on_the_records(monkeypatch):
-    doc = {"benchmarks": [{"name": "moebench_graph", "states": [
-        {"axis_values": [{"name": "graph", "type": "int64", "value": "1"}], "is_skipped": False, "summaries": [
-            {"tag": "nv/cold/time/gpu/mean", "data": [{"name": "value", "type": "float64", "value": "0.0004"}]},
-            {"tag": "nv/cold/time/gpu/stdev/relative", "data": [{"name": "value", "value": "0.003"}]},
-            {"tag": "nv/cold/sample_size", "data": [{"name": "value", "value": "250"}]},
-            {"tag": "nv/batch/time/gpu/mean", "data": [{"name": "value", "value": "0.00039"}]}]},
-        {"axis_values": [{"name": "graph", "value": "0"}], "is_skipped": True, "summaries": []}]}]}
-    items = [T.NvbenchItem(lambda: None, 200), T.NvbenchItem(lambda: None, 200)]
-    got = T._nvbench_results(json.loads(json.dumps(doc)), items)
-    assert got[0] == {} and got[1]["cold_us"] == pytest.approx(2.0) and got[1]["batch_us"] == pytest.approx(1.95)
-    assert got[1]["cold_noise_pct"] == pytest.approx(0.3) and got[1]["cold_samples"] == 250
-
-    nv = Nvbench()
-    recs = []
-    for i, m in enumerate((2.0, 1.96)):
-        r = Record("s", "count", f"c{i}", "persistent", "persistent", "ok", timing={"median_us": m})
-        nv.after_case(CaseDone(SimpleNamespace(id=r.case_id), r, [], True, [object(), object()], [], None, 100))
-        recs.append(r)
-    seen = []
-
-    def fake_graphs(items, device_index=0, log_dir=None):
-        seen.extend(it.launches for it in items)
-        return [{}, got[1]]
-
-    monkeypatch.setattr(T, "nvbench_graphs", fake_graphs)
-    monkeypatch.setattr("torch.cuda.current_device", lambda: 0)
-    nv.after_all(AfterAll(None, None, None, [], recs))
-    assert seen == [200, 200]  # two graphs of 100 launches per item
-    nv.release()
-    assert not nv.kept  # the graphs go once the pass is done
-    assert "no measurement" in recs[0].cross["cross_error"]
-    c = recs[1].cross
-    assert c["nvbench_batch_us"] == 1.95 and c["nvbench_delta_pct"] == pytest.approx(100 * (1.96 - 1.95) / 1.95, abs=0.01)
-    assert c["nvbench_cold_us"] == 2.0 and c["nvbench_noise_pct"] == 0.3 and c["nvbench_cold_samples"] == 250
-
-
 def test_untimed_runs_give_the_same_records_with_inputs_built_ahead(monkeypatch):
     spec = load_spec("count-block")
     cases = expand(spec, quick=True, verify=True)[::4]  # 10 cases, 10 shapes
@@ -282,7 +232,7 @@ def test_shape_major_keeps_first_appearance_order():
 def test_the_interpreter_skips_overflow_checks_it_would_discard():
     from triton.runtime import interpreter
 
-    from moebench.core.tritonpatch import skip_overflow_checks
+    from moebench.tritonpatch import skip_overflow_checks
 
     skip_overflow_checks()  # the CLI's backend and a family's load apply it (interpret.compat)
     opts = interpreter.interpreter_builder.options

@@ -503,9 +503,10 @@ def test_passes_run_inside_two_workers_and_the_summary_lists_what_ran(tiny, monk
     from moebench.core import passes as P
     from moebench.core.device import detect
     from moebench.core.driver import Driver
+    from moebench.passes.crosscheck import Nvbench
 
     spec, cases, _, single = tiny
-    monkeypatch.setitem(P.PASSES, "echo", EchoPass)
+    monkeypatch.setitem(P.catalogue(), "echo", EchoPass)  # after the built-in ones
     monkeypatch.setitem(P.PASSES, "tally", TallyPass)
     opts = Options(timing=spec.timing, time_it=False, cross=("echo", "tally"))
     sent = []
@@ -525,7 +526,7 @@ def test_passes_run_inside_two_workers_and_the_summary_lists_what_ran(tiny, monk
         assert r.cross["tally"] == len(cases) and r.cross["tally_here"] is False  # here, after the workers
     assert len({r.cross["echo_pid"] for r in recs}) <= 2
     cuda = type("Dev", (), {"backend": "cuda", "name": "fake"})()
-    monkeypatch.setattr(P.Nvbench, "unavailable", lambda self: None)  # as where cuda.bench is installed
+    monkeypatch.setattr(Nvbench, "unavailable", lambda self: None)  # as where cuda.bench is installed
     for name in ("nvbench", "profiler"):
         with pytest.raises(UsageError, match=f"--cross-check {name}: cannot run with --devices"):
             Driver(spec, cuda, Options(timing=spec.timing, time_it=True, cross=(name,)), workers=two_devices)
@@ -567,6 +568,7 @@ def test_a_pass_a_plugin_registers_runs_inside_two_workers(tiny, tmp_path, monke
     from clirun import load_plugin
     from moebench.core.device import detect
     from moebench.core.driver import Driver
+    from moebench.passes.crosscheck import Nvbench
 
     spec, cases, _, single = tiny
     load_plugin(monkeypatch, tmp_path / "stamp.py", PLUGIN_PASS)

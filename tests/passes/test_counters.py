@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from clirun import run_cli, small_count_spec
-from moebench.core import counters as K
+from moebench.passes import counters as K
 from moebench.core import passes as P
 from moebench.core.records import Record
 
@@ -248,7 +248,7 @@ def test_a_profile_through_ncu_on_path(fake_ncu, tmp_path):
     assert metrics[:len(K.METRICS)] == list(K.METRICS)
     assert "smsp__thread_inst_executed.sum" in metrics  # listed by --query-metrics
     assert "l1tex__t_requests_pipe_lsu_mem_global_op_red.sum" not in metrics  # not listed: not asked for
-    assert args[-3:-1] == ["-m", "moebench.core.counters_child"]
+    assert args[-3:-1] == ["-m", "moebench.passes.counters_child"]
     job = json.loads(Path(args[-1]).read_text()) if Path(args[-1]).exists() else json.loads(
         (tmp_path / "raw" / spec.name / "job.json").read_text())
     assert [c["id"] for c in job["cases"]] == [c.id for c in cases] and job["spec"].endswith("count-block.yaml")
@@ -293,7 +293,7 @@ def test_moebench_ncu_names_the_tool(fake_ncu, tmp_path):
 
 def test_the_child_recreates_cases_from_its_job_and_goes_on_past_a_bad_one(tmp_path):
     from moebench.core.cases import expand
-    from moebench.core.counters_child import run
+    from moebench.passes.counters_child import run
 
     spec = _spec()
     cases = expand(spec, quick=True)[:2]
@@ -311,7 +311,7 @@ def test_the_child_recreates_cases_from_its_job_and_goes_on_past_a_bad_one(tmp_p
 
 
 def test_the_pass_is_registered_and_not_refused_on_the_cpu():
-    cls = P.PASSES["counters"]
+    cls = P.catalogue()["counters"]
     assert cls.has_after_all() and cls.in_workers
     assert [p.name for p in P.select(("counters",), backend="interpret", timed=False, workers=False)] == ["counters"]
     assert [p.name for p in P.select(("counters",), backend="cuda", timed=True, workers=True)] == ["counters"]
@@ -409,7 +409,7 @@ def test_a_failing_counters_pass_leaves_the_timings_and_says_why(monkeypatch):
 
     monkeypatch.setattr(K, "collect", boom)
     opts = SimpleNamespace(timing=SimpleNamespace(l2="warm"))
-    P.Counters().after_all(P.AfterAll(spec, CUDA, opts, cases, recs))
+    K.Counters().after_all(P.AfterAll(spec, CUDA, opts, cases, recs))
     assert all(r.cross["counters"] == {"unavailable": "the counters pass failed: OSError: disk full"} for r in recs)
     assert all(r.timing["median_us"] == 5.0 for r in recs)
 
@@ -418,7 +418,7 @@ def test_the_child_runs_the_launch_values_its_record_ran(monkeypatch, tmp_path):
     """A kill switch the parent read (shipped's BLOCK_SIZE from $MCORE_COUNT_TOKENS_BLOCK) reaches the
     child through the record's launch values, not through the child's environment."""
     from moebench.core.cases import expand
-    from moebench.core.counters_child import run
+    from moebench.passes.counters_child import run
 
     spec = _spec()
     fam = spec.family
@@ -447,7 +447,7 @@ def test_the_child_runs_the_launch_values_its_record_ran(monkeypatch, tmp_path):
 def test_the_child_resolves_with_the_runs_environment_from_its_job(monkeypatch, tmp_path):
     """The job carries the run's kill switches; the child's own environment is never read."""
     from moebench.core.cases import expand
-    from moebench.core.counters_child import run
+    from moebench.passes.counters_child import run
 
     spec = _spec()
     seen = []

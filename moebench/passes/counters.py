@@ -1,8 +1,8 @@
 """Hardware counters per case: what Nsight Compute measured when a case's launch ran in a
 CUDA graph, a bound verdict stated with the numbers that decide it, and the family's work model
 checked against the traffic the L2 saw (docs/counters.md: how, what a record gets, the aggregation
-over a case's kernels). Torch-free: the run (a child process, moebench.core.counters_child, under
-the tool), the parser and the verdict. The `counters` pass (moebench.core.passes) calls `collect`
+over a case's kernels). Torch-free: the run (a child process, moebench.passes.counters_child, under
+the tool), the parser and the verdict. The `counters` pass (`Counters`, at the end) calls `collect`
 after all timing; the tool is `Ncu` (a test hands in another with its methods).
 """
 
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from moebench.core.family import switch_variables
-from moebench.core.text import PACKAGE_ROOT
-from moebench.sources import arms
+from moebench.core.passes import AfterAll, Pass, register
+from moebench.core.text import PACKAGE_ROOT, one_line
+from moebench.sources import arms, plugins
 
 # ----------------------------------------------------------------------------------- metrics
 
@@ -499,7 +500,7 @@ def job_document(spec, cases: Sequence[Any], records: Sequence[Any], *, plugins:
 
 
 def child_command(job: Path) -> list[str]:
-    return [sys.executable, "-m", "moebench.core.counters_child", str(job)]
+    return [sys.executable, "-m", "moebench.passes.counters_child", str(job)]
 
 
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -603,3 +604,31 @@ def note(records: Sequence[Any]) -> str | None:
     n = len(whys)
     first = max(set(whys), key=whys.count)
     return f"counters: unavailable for {n} case(s): {first}"
+
+
+# ----------------------------------------------------------------------------------- the pass
+
+
+@register
+class Counters(Pass):
+    """Hardware counters per case: after all timing, a child process under
+    Nsight Compute re-creates the timed cases from data, replays each one's launch once in a CUDA
+    graph, and each record gets its measured occupancy, traffic, instructions, a bound verdict and
+    the work-model check. It never touches the timings (they are done, and the child is another
+    process). Where counters cannot be had (the interpreter, no ncu, no counter permission) every
+    record says so in one line and the run goes on: the pass is not refused on the CPU."""
+
+    name = "counters"
+    cuda_only = False  # unavailable, not refused: the columns say what is missing
+    in_workers = True  # its after_all runs in the driver's process and needs nothing a worker kept
+    announce = "counters pass (Nsight Compute: one graph replay per case, in a child process)"
+
+    def after_all(self, ctx: AfterAll) -> None:
+        try:
+            collect(ctx.spec, ctx.device, ctx.cases, ctx.records, l2=getattr(ctx.options.timing, "l2", "warm"),
+                    environ=ctx.environ, plugins=[p["path"] for p in plugins.loaded() if "suffix" not in p])
+        except Exception as e:  # noqa: BLE001 - the timings stand; every record says what went wrong
+            for rec in ctx.records:
+                if rec.status == "ok" and "verdict" not in rec.cross:
+                    rec.cross["counters"] = {"unavailable": f"the counters pass failed: {type(e).__name__}: "
+                                                            f"{one_line(e)}"}

@@ -1,5 +1,5 @@
-"""The counters pass's child: `python -m moebench.core.counters_child JOB.json`, run under the counter
-tool (Nsight Compute) by moebench.core.counters; what it does per case is docs/counters.md, 'How'.
+"""The counters pass's child: `python -m moebench.passes.counters_child JOB.json`, run under the counter
+tool (Nsight Compute) by moebench.passes.counters; what it does per case is docs/counters.md, 'How'.
 It re-creates the job's cases from data (nothing a results file names is run). A case that fails
 here is written to the manifest with its error and the others go on. Without CUDA (tests on the
 CPU) the launch is called directly instead of a graph.
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.core import tritonpatch
+from moebench import tritonpatch
 from moebench.core.cases import Case, shape_key
 from moebench.core.device import detect
 from moebench.core.family import get_family
@@ -89,7 +89,7 @@ def run(job: dict) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m moebench.core.counters_child JOB.json", file=sys.stderr)
+        print("usage: python -m moebench.passes.counters_child JOB.json", file=sys.stderr)
         return 2
     job = json.loads(Path(argv[0]).read_text())
     entries = run(job)

@@ -1,4 +1,4 @@
-"""moebench.core.tritonpatch: every patch of Triton with its off switch; Triton's cache key kept
+"""moebench.tritonpatch: every patch of Triton with its off switch; Triton's cache key kept
 between processes (the key handed back is Triton's own, it is recomputed when a file it covers
 changes, a failed write leaves Triton's way standing); compile accounting asked of Triton."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import triton.runtime.cache as tcache
 
-from moebench.core import tritonpatch as tp
+from moebench import tritonpatch as tp
 
 
 @pytest.fixture
