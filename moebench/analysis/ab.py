@@ -215,8 +215,9 @@ def parse_setting(text: str, family, option: str, more: str = "") -> Setting:
     return Setting(key, value)
 
 
-def settings_text(settings: Sequence[Setting]) -> str:
-    return ", ".join(s.text() for s in settings) or "the spec as written"
+def settings_text(settings: Sequence[Setting | str]) -> str:
+    """One side's settings as a page says them; a results file holds them as their texts."""
+    return ", ".join(s if isinstance(s, str) else s.text() for s in settings) or "the spec as written"
 
 
 # ----------------------------------------------------------------------------- pairs and the schedule
@@ -327,14 +328,16 @@ def arm_order(arms: int) -> str:
     return "/".join(OFF if a % 2 == 0 else ON for a in range(arms))
 
 
-def timer_text(spec) -> str:
-    """How each A/B measurement is taken, for the page."""
-    t = spec.timing
-    per_graph = (f"{t.launches_per_graph} launches per graph" if spec.family.graph_launches is None else
-                 f"up to {t.launches_per_graph} launches per graph, fewer where one launch is a whole layer "
-                 "step (each record says how many)")
-    method = "" if t.groups <= 1 else f"; the mean of {t.groups} graph medians, each graph over its own placements"
-    return f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {t.l2}{method}), one such number per measurement."
+def timer_text(family, timing: Mapping[str, Any]) -> str:
+    """How each A/B measurement is taken, for the page; `timing`: the timer's settings as a results
+    file's provenance holds them."""
+    n, groups = timing["launches_per_graph"], timing["groups"]
+    per_graph = (f"{n} launches per graph" if getattr(family, "graph_launches", None) is None else
+                 f"up to {n} launches per graph, fewer where one launch is a whole layer step (each record says "
+                 "how many)")
+    method = "" if groups <= 1 else f"; the mean of {groups} graph medians, each graph over its own placements"
+    return f"Per-launch median of CUDA-graph replay ({per_graph}, L2 {timing['l2']}{method}), one such number per " \
+           "measurement."
 
 
 def ab_document(off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int, layers: int | None,
@@ -351,6 +354,16 @@ def ab_document(off: Sequence[Setting], on: Sequence[Setting], *, arms: int, ite
 
     return {"off": [s.text() for s in off], "on": [s.text() for s in on], "arms": arms, "iters": iters,
             "moe_layers": layers, "cases": [case(p) for p in pairs]}
+
+
+def document_pairs(cases: Sequence[Mapping[str, Any]]) -> list[ABPair]:
+    """ab_document's cases read back (from a results file): each pair's arms, errors and statistics,
+    recomputed from the arms' values as `run_arms` computed them; the pairs' cases are not in it."""
+    pairs = []
+    for c in cases:
+        arms = [Arm(a["side"], list(a["values"])) for a in c["arms"]]
+        pairs.append(ABPair(c["case"], None, None, arms, list(c["errors"]), None if c["errors"] else ab_stats(arms)))
+    return pairs
 
 
 def run_arms(pairs: list[ABPair], off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int,
@@ -410,7 +423,7 @@ def separation_cell(st: ABStats) -> str:
     return f"overlap ({us(-st.margin)})"
 
 
-def ab_markdown(*, spec_name: str, device: str, off: Sequence[Setting], on: Sequence[Setting], arms: int,
+def ab_markdown(*, spec_name: str, device: str, off: Sequence[Setting | str], on: Sequence[Setting | str], arms: int,
                 iters: int, pairs: list[ABPair], layers: int | None, timer_text: str,
                 per_launch: Callable[[ABPair], int] = lambda p: 1) -> str:
     """The block for a PR description: summary table, the argument per case, then each case's

@@ -150,7 +150,7 @@ def run_ab(sp, device, dest: Path, stem: str, pairs: list[ABPair], offs, ons, *,
         records, doc = timed_arms(sp, device, pairs, offs, ons, arms=arms, iters=iters, title=f"{sp.name} A/B")
         prov = provenance(sp, device, quick=quick, verify=False, ceilings={}, extra={"timed": True, "ab": doc})
         atomic_write_text(dest / f"{stem}.json", results_json_layout(prov, records))
-        md = ab_page(sp, device.name, offs, ons, arms=arms, iters=iters, pairs=pairs, records=records)
+        md = ab_page(prov, records)
         atomic_write_text(dest / f"{stem}.md", md)
     return md
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Optional
 
@@ -275,7 +275,7 @@ class Run:
             "spec": sp.name, "family": fam.name, "device": self.device.name, "weights": weights,
             "off": [s.text() for s in self.offs] + [t for t in off_raw if t.split("=")[0].strip() in PER_ARM],
             "on": [s.text() for s in self.ons] + [t for t in on_raw if t.split("=")[0].strip() in PER_ARM],
-            "order": arm_order(self.n_arms), "timer": timer_text(sp), "moe_layers": sp.model.get("moe_layers"),
+            "order": arm_order(self.n_arms), "timer": timer_text(sp.family, asdict(sp.timing)), "moe_layers": sp.model.get("moe_layers"),
             "pairs": [[p.text, p.off.id, p.on.id] for p in pairs],
             "decision": [[p.text, p.off.id, p.on.id] for p in focus],
             "per_launch": {p.off.id: launch_layers(fam, p.off.params) for p in pairs},

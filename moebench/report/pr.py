@@ -6,12 +6,11 @@ and timing.pr_side (OFF or ON). Also `ab_page`, the page of an `ab` run."""
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from moebench.analysis import value_of
-from moebench.analysis.ab import (OFF, ON, SEPARATION, ABPair, Arm, Setting, ab_markdown, ab_stats, min_detectable,
-                                  per_step, times_noise, timer_text)
+from moebench.analysis.ab import (OFF, ON, SEPARATION, ab_markdown, document_pairs, min_detectable, per_step,
+                                  times_noise, timer_text)
 from moebench.analysis.compare import classify
+from moebench.analysis.pages import page_spec
 from moebench.analysis.recommend import decide, switches
 from moebench.core.baseline import launch_layers
 from moebench.core.family import get_family
@@ -135,24 +134,22 @@ def _iv(us: float | None, rel: float | None) -> str:
 
 
 def _separation(doc, records, nums):
-    sep, rows, pairs, per_launch = doc["sections"].get("separation"), [], [], {}
+    sep, rows = doc["sections"].get("separation"), []
     if sep is None:
         return rows, ""
-    for c in sep["cases"]:
-        arms = [Arm(a["side"], list(a["values"])) for a in c["arms"]]
-        st = ab_stats(arms) if not c["errors"] else None
-        pairs.append(ABPair(c["case"], None, None, arms, list(c["errors"]), st))
-        per_launch[id(pairs[-1])] = doc["per_launch"].get(c["off_case_id"], 1)
-        row = {"case": c["case"], "errors": c["errors"]}
+    pairs = document_pairs(sep["cases"])
+    per_launch = {c["case"]: doc["per_launch"].get(c["off_case_id"], 1) for c in sep["cases"]}
+    for p in pairs:
+        st, row = p.stats, {"case": p.text, "errors": p.errors}
         if st is not None:
-            pr = per_step(st.off_mean, st.on_mean, doc["moe_layers"], per_launch[id(pairs[-1])])
+            pr = per_step(st.off_mean, st.on_mean, doc["moe_layers"], per_launch[p.text])
             row |= {k: v for k, v in vars(st).items() if k != "arms"} | {
                 "per_step_delta_us": pr.delta if pr else None,
                 "min_detectable_us": min_detectable(st.sd_off, st.sd_on, st.n_off, st.n_on)}
         rows.append(row)
     md = ab_markdown(spec_name=doc["spec"], device=doc["device"], off=[], on=[], arms=sep["arms"], iters=sep["iters"],
                      pairs=pairs, layers=doc["moe_layers"], timer_text=doc["timer"],
-                     per_launch=lambda p: per_launch[id(p)])  # its title line is left out
+                     per_launch=lambda p: per_launch[p.text])  # its title line is left out
     power = [f"- {r['case']}: {r['min_detectable_us']:.3f} µs ({100 * r['min_detectable_us'] / r['off_mean']:.2f}% "
              "of OFF)" for r in rows if "delta" in r]
     return rows, (md.split("\n", 2)[2] + "\nThe smallest difference this run could have detected (two-sided α = "
@@ -316,13 +313,16 @@ _SECTION = {"summary": _summary, "changed": _changed, "gain": _gain, "separation
             "protocol": _protocol}
 
 
-def ab_page(spec, device_name: str, off: Sequence[Setting], on: Sequence[Setting], *, arms: int, iters: int,
-            pairs: list[ABPair], records: list) -> str:
-    """An `ab` run's page: the PR-ready A/B block (moebench.analysis.ab.ab_markdown) and the family's
-    own reading of both arms (the layer's conversion table)."""
-    md = ab_markdown(spec_name=spec.name, device=device_name, off=off, on=on, arms=arms, iters=iters, pairs=pairs,
-                     layers=spec.model.get("moe_layers"), timer_text=timer_text(spec),
-                     per_launch=lambda p: launch_layers(spec.family, p.off.params))
+def ab_page(prov: dict, records: list) -> str:
+    """An `ab` run's page from its results file alone (provenance.ab and the records): the PR-ready
+    A/B block (moebench.analysis.ab.ab_markdown) and the family's own reading of both arms (the
+    layer's conversion table)."""
+    spec, doc = page_spec(prov, records), prov["ab"]
+    params = {r.case_id: r.params for r in records}
+    per_launch = {c["case"]: launch_layers(spec.family, params.get(c["off_case_id"], {})) for c in doc["cases"]}
+    md = ab_markdown(spec_name=spec.name, device=prov["device"]["name"], off=doc["off"], on=doc["on"], arms=doc["arms"],
+                     iters=doc["iters"], pairs=document_pairs(doc["cases"]), layers=doc["moe_layers"],
+                     timer_text=timer_text(spec.family, prov["timing"]), per_launch=lambda p: per_launch[p.text])
     extra = ab_section(spec.family, records)  # the family's own reading of both arms (layer: the conversion)
     if extra:
         md += "\n" + extra.rstrip() + "\n"

@@ -1,6 +1,11 @@
 """`moebench pr`'s page from its document (moebench.report.pr.build), records aside."""
 
-from moebench.report.pr import build
+from pathlib import Path
+
+import pytest
+
+from moebench.core.records import load_results
+from moebench.report.pr import ab_page, build
 
 
 def test_the_separation_section_projects_per_step_with_the_layers_one_launch_covers():
@@ -17,3 +22,12 @@ def test_the_separation_section_projects_per_step_with_the_layers_one_launch_cov
     row = next(line for line in page.splitlines() if line.startswith("| tokens=256 |"))
     assert row.rstrip(" |").endswith(f"{delta:+.1f} µs")
     assert "Measured per step" in page and "Projected per step" not in page
+
+
+@pytest.mark.parametrize("results", sorted((Path(__file__).resolve().parents[2] / "results").glob("*/*-ab.json")),
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_committed_ab_page_is_what_its_json_builds_today(results):
+    """Each committed `ab` page is report.pr.ab_page of its JSON alone (the arms' values in
+    provenance.ab, the records): the statistics are recomputed, and a page never drifts from its data."""
+    prov, records = load_results(results)
+    assert ab_page(prov, records) == results.with_suffix(".md").read_text()
