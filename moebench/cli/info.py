@@ -213,8 +213,8 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
            force: bool = typer.Option(False, "--force", help="Replace a page that another spec made, that shows "
                                       "more records, or that moebench did not write.")):
     """Re-render a results file's markdown page with this version's report code (no re-run), from
-    the results file alone: no spec file is read and no plugin imported. An A/B results file (from
-    `moebench ab`) is refused: its page is an A/B page, which `ab` writes. The page beside it is
+    the results file alone: no spec file is read and no plugin imported. The results of `moebench ab`
+    or `moebench pr` are refused: their pages are the ones those commands write. The page beside it is
     replaced only when it is this spec's and shows no more records (else --force)."""
     dest = results.with_suffix(".md")
     if results.suffix.lower() == ".md" or dest.resolve() == results.resolve():
@@ -223,9 +223,11 @@ def render(results: Path = typer.Argument(..., help="A results .json file; its .
     prov, records = load_results(results)
     if not records or "sweep" not in prov:
         raise UsageError(f"{results}: no records or no provenance to render")
-    if "ab" in prov or any("ab_side" in r.timing for r in records):
-        raise UsageError(f"{results}: an A/B results file (moebench ab); render writes sweep pages and would replace "
-                         f"the A/B page {dest.name}: not rendered (run `moebench ab` again to remake it)")
+    made_by = "pr" if "pr" in prov or any("pr_run" in r.timing for r in records) else \
+        "ab" if "ab" in prov or any("ab_side" in r.timing for r in records) else None
+    if made_by:
+        raise UsageError(f"{results}: the results of `moebench {made_by}`; render writes sweep pages and would replace "
+                         f"its page {dest.name}: not rendered (run `moebench {made_by}` again to remake it)")
     why = None if force else page_problem(dest, prov, len(records))
     if why:
         raise UsageError(why)
