@@ -146,15 +146,18 @@ def test_render_keeps_the_description_and_pivot_from_the_results_file(tmp_path):
     assert f"{spec.pivot['rows']} \\ {spec.pivot['cols']}" in page
 
 
-def test_render_refuses_an_ab_file(tmp_path):
-    src = ROOT / "results" / "h200" / "count-block-ab.json"
-    p = tmp_path / "count-block-ab.json"
+@pytest.mark.parametrize("name,made_by", [("count-block-ab", "ab"), ("pr/count-block-pr", "pr")])
+def test_render_refuses_the_results_of_ab_and_pr_naming_the_command(tmp_path, name, made_by):
+    """Their pages are not sweep pages: render says which command remakes them and leaves the page."""
+    src = ROOT / "results" / "h200" / f"{name}.json"
+    p = tmp_path / src.name
     p.write_text(src.read_text())
-    page = tmp_path / "count-block-ab.md"
-    page.write_text("# the A/B page\n")
+    page = p.with_suffix(".md")
+    page.write_text("# the page\n")
     code, _, err = _blocked("render", p, cwd=tmp_path)
-    assert code == 2 and "A/B results file" in err and len(err.strip().splitlines()) == 1
-    assert page.read_text() == "# the A/B page\n"
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"the results of `moebench {made_by}`" in err and f"run `moebench {made_by}` again" in err
+    assert page.read_text() == "# the page\n"
 
 
 @pytest.mark.parametrize("cmd", [

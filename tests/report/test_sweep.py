@@ -215,17 +215,6 @@ def test_render_imports_no_plugin_of_moebench_plugins(tmp_path):
     assert res.with_suffix(".md").exists() and not marker.exists(), "render imported a plugin"
 
 
-@pytest.mark.parametrize("name,made_by", [("h200/count-block-ab", "ab"), ("h200/pr/count-block-pr", "pr")])
-def test_render_refuses_the_results_of_ab_and_pr_naming_the_command(tmp_path, capsys, name, made_by):
-    """Their pages are not sweep pages: render says which command remakes them, and writes nothing."""
-    src = Path(__file__).resolve().parents[2] / "results" / f"{name}.json"
-    res = tmp_path / src.name
-    res.write_bytes(src.read_bytes())
-    code, _, err = run_cli(["render", str(res)], capsys)
-    assert code == 2 and f"the results of `moebench {made_by}`" in err and f"run `moebench {made_by}` again" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]
-
-
 def _committed_pages():
     root = Path(__file__).resolve().parents[2] / "results"
     for path in sorted(root.glob("*/*.json")):
