@@ -42,6 +42,18 @@ def read_results(arg: str | Path) -> tuple[dict, list[Record]]:
     return prov, records
 
 
+def by_case(records: Sequence[Record], name: str, command: str) -> dict[str, Record]:
+    """The records of `name` by case id; a UsageError where a case has more than one (an ab or pr
+    file holds one per measurement), since `command` reads one number per case."""
+    out: dict[str, Record] = {}
+    for r in records:
+        if r.case_id in out:
+            raise UsageError(f"{name} has more than one record for case {r.case_id} ({r.label} {params_text(r.params)}); "
+                             f"{command} needs one record per case (an ab or pr file holds one per measurement)")
+        out[r.case_id] = r
+    return out
+
+
 def value_of(rec: Record, key: str) -> Any:
     """A parameter of a record by name; `label` and `variant` name the record's own fields. A
     launch parameter the variant does not read (None in params) is taken from the launch group,

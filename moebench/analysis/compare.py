@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moebench.analysis import GROUPS, metric_of, params_text, raw_value, read_results
+from moebench.analysis import GROUPS, by_case, metric_of, params_text, raw_value, read_results
 from moebench.analysis.comparable import FileNoise, check_comparable, file_noise, model_for
 from moebench.core.cases import varying_params
 from moebench.core.records import Record
@@ -32,7 +32,7 @@ def metric_direction(metric: str) -> bool:
         return True
     if metric in LOWER_IS_BETTER or metric.endswith("_us"):
         return False
-    raise UsageError(f"--metric: moebench does not know whether a higher or a lower {metric!r} is better; compare "
+    raise UsageError(f"--metric: moebench does not know whether a higher or a lower {metric!r} is better; expected "
                      f"a time (median_us or another *_us), {', '.join(sorted(LOWER_IS_BETTER))} (lower is better) or "
                      f"{', '.join(sorted(HIGHER_IS_BETTER))} (higher is better)")
 
@@ -232,7 +232,7 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
     higher = metric_direction(metric)
     if cycles and not metric.endswith("_us"):
         raise UsageError(f"--cycles: compares a time (a *_us metric) in clock cycles; {metric!r} is not one")
-    bmap, nmap = _by_case(base, "BASE"), _by_case(new, "NEW")
+    bmap, nmap = by_case(base, "BASE", "compare"), by_case(new, "NEW", "compare")
     fb, fn = noise or (file_noise({}, base, None, name="BASE"), file_noise({}, new, None, name="NEW"))
     rows = []
     for cid, b in bmap.items():
@@ -310,13 +310,3 @@ def _clock_notes(rows: list[CompareRow], cycles: bool) -> list[str]:
             f"beyond ±{100 * CLOCK_TOLERANCE:g}%): "
             + ("compared in cycles (µs x MHz)" if cycles else "µs mix the change with the clock's; --cycles compares "
                "in clock cycles")]
-
-
-def _by_case(records: list[Record], name: str) -> dict[str, Record]:
-    out: dict[str, Record] = {}
-    for r in records:
-        if r.case_id in out:
-            raise UsageError(f"{name} has more than one record for case {r.case_id} ({r.label} {params_text(r.params)}); "
-                             "compare needs one record per case (an ab file holds one per iteration)")
-        out[r.case_id] = r
-    return out

@@ -12,11 +12,11 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from moebench.analysis import params_text, read_results, results_json_layout
+from moebench.analysis import by_case, params_text, read_results, results_json_layout
 from moebench.analysis.ab import (OFF, ON, ABPair, ab_document, ab_pairs, arm_environ, arm_order, check_ab,
                                   parse_setting, run_arms, settings_text)
 from moebench.analysis.comparable import differences, file_noise
-from moebench.analysis.compare import compare_files
+from moebench.analysis.compare import check_times, compare_files, metric_direction
 from moebench.analysis.pages import builtin_family
 from moebench.analysis.plot import plot_counters, plot_results
 from moebench.analysis.recommend import (check_cases, decide, emit_document, env_text, explain, judge_check,
@@ -253,7 +253,7 @@ def recommend(
                                      "variant and the varying launch parameters, e.g. block_size)."),
     weights: Optional[str] = typer.Option(None, "--weights", help="How much each shape matters, e.g. "
                                           "256=0.7,16384=0.3 (needs a single --over); with --emit, the workload mix."),
-    metric: str = typer.Option("median_us", "--metric", help="Time column (lower is better)."),
+    metric: str = typer.Option("median_us", "--metric", help="Time column (lower is better: *_us, cycles, x_floor)."),
     markdown: bool = MARKDOWN_OPT,
     emit: Optional[str] = typer.Option(None, "--emit", help="env or json: the kill-switch values a runtime reads "
                                        "(MCORE_COUNT_TOKENS_BLOCK, MCORE_MOE_ACTIVATION_GRID_CAP) for the mix, a value "
@@ -273,6 +273,11 @@ def recommend(
     across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too.
     With --emit: the launch values a runtime reads, for the mix (--weights, default all shapes alike)."""
     prov, records = read_results(results)
+    if metric_direction(metric):
+        raise UsageError(f"--metric: recommend ranks by a time or a ratio to a floor, where lower is better; a higher "
+                         f"{metric} is better")
+    by_case(records, str(results), "recommend")
+    check_times(records, str(results), metric)  # a zero, negative or non-numeric time is refused
     fam = builtin_family(records[0].family)  # a reader never imports a plugin
     if emit is not None or check or output is not None or variant is not None:
         raise typer.Exit(_emit(results, prov, records, fam, emit, output, variant, check, over, weights, metric, force))
@@ -375,6 +380,7 @@ def plot(
     """Draw the results as curves: the block-size curve (count) or the occupancy curve, µs and × floor
     against the grid cap (act), with an optional published reference beside them."""
     prov, records = read_results(results)
+    by_case(records, str(results), "plot")  # a point is one case's number
     ref = load_reference(reference) if reference else None
     if output is None:
         if str(results).startswith("ref:"):

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from moebench.analysis import by_case
 from moebench.analysis.compare import add_cycles
 from moebench.analysis.pages import page_spec
 from moebench.analysis.reference import load_reference, reference_names
@@ -165,6 +166,7 @@ def show(
     prov, records = load_results(results)
     if not records:
         raise UsageError(f"{results}: no records")
+    by_case(records, str(results), "show")  # a pivot cell holds one case's number
     add_cycles(records)  # timing.cycles (median µs x the case's SM clock) where a clock is recorded
     pv = page_spec(prov, records).pivot  # the file's own pivot, else its (built-in) family's default
     rows = rows or pv.get("rows", "label")

@@ -172,6 +172,37 @@ def test_readers_do_not_load_installed_plugins(tmp_path, cmd):
     assert not marker.exists(), "a reader imported a plugin"
 
 
+@pytest.mark.parametrize("cmd", ["show", "recommend", "plot"])
+def test_a_reader_of_one_number_per_case_refuses_an_ab_file(tmp_path, cmd):
+    """An ab file holds one record per measurement: show, recommend and plot would read the last
+    iteration of each case as the case's number, so each refuses it as compare does."""
+    ab = ROOT / "results" / "h200" / "count-block-ab.json"
+    code, _, err = _blocked(cmd, ab, *(["-o", tmp_path / "t.png"] if cmd == "plot" else []), cwd=tmp_path)
+    assert code == 2 and f"{cmd} needs one record per case" in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--metric", "gbps"], "a higher gbps is better"),  # once recommended the slowest block size
+    (["--metric", "routing"], "does not know whether a higher or a lower 'routing' is better"),
+], ids=["higher-is-better", "not-a-number"])
+def test_recommend_ranks_only_by_a_metric_where_lower_is_better(args, msg):
+    code, _, err = _blocked("recommend", ROOT / "results" / "h200" / "count-block.json", *args)
+    assert code == 2 and msg in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra", [[], ["--emit", "env"]], ids=["table", "emit"])
+def test_recommend_refuses_a_zero_time(tmp_path, extra):
+    """A zero median once made every regret infinite (the table) or divided by zero (--emit, exit 3)."""
+    doc = json.loads((ROOT / "results" / "h200" / "count-block.json").read_text())
+    for r in doc["records"]:
+        r["timing"]["median_us"] = 0
+    f = tmp_path / "zero.json"
+    f.write_text(json.dumps(doc))
+    code, _, err = _blocked("recommend", f, *extra, cwd=tmp_path)
+    assert code == 2 and "median_us is 0; a time must be a positive number" in err
+
+
 def _shards(d: Path, edit1=lambda prov: None) -> tuple[Path, Path]:
     from moebench.parallel.shards import partition
 
