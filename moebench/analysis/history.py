@@ -626,6 +626,7 @@ def check(all_series: Sequence[Series], *, sig: float = 0.05, permutations: int 
 
 
 def case_text(s: Series, keys: Sequence[str] | None = None) -> str:
-    """"label[k=v,...]" over `keys` (default: the first four set), the unset ones left out."""
-    keys = keys if keys is not None else [k for k, v in s.params.items() if v is not None][:4]
+    """"label[k=v,...]" over `keys` (default: every one set: the case's whole identity), the unset
+    ones left out."""
+    keys = keys if keys is not None else [k for k, v in s.params.items() if v is not None]
     return f"{s.label}[" + ",".join(f"{k}={s.params[k]}" for k in keys if s.params.get(k) is not None) + "]"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from moebench.analysis import by_case
 from moebench.analysis.comparable import differences
 from moebench.analysis.pages import page_spec
 from moebench.core.baseline import add_deltas
@@ -67,6 +68,7 @@ def merge_results(paths: Sequence[Path]) -> Merged:
         prov, recs = load_results(p)
         if not prov.get("spec_sha256"):
             raise UsageError(f"{p}: no provenance.spec_sha256; not a moebench results file")
+        by_case(recs, str(p), "merge")  # a shard's results: an ab or pr file is not one
         loaded.append((p, prov, recs))
 
     p0, prov0, _ = loaded[0]

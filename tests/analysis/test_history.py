@@ -215,6 +215,8 @@ def test_show_gives_the_series_and_a_markdown_table(tmp_path, capsys):
     assert code == 0
     rows = [line for line in out.splitlines() if line.startswith("| ") and "commit" not in line]
     assert len(rows) == 5 and rows[0].split("|")[3].strip() == "01cccccccc"
+    params = _doc()["records"][TARGET]["params"]  # the title names the case whole (it once stopped at four keys)
+    assert all(f"{k}={v}" in out for k, v in params.items() if v is not None)
     code, out, _ = run_cli(["history", "show", "--db", str(db)], capsys)
     assert code == 0 and "20 cases" in out
     code, _, err = run_cli(["history", "show", "ffffffffff", "--db", str(db)], capsys)

@@ -172,12 +172,14 @@ def test_readers_do_not_load_installed_plugins(tmp_path, cmd):
     assert not marker.exists(), "a reader imported a plugin"
 
 
-@pytest.mark.parametrize("cmd", ["show", "recommend", "plot"])
+@pytest.mark.parametrize("cmd", ["show", "recommend", "plot", "merge"])
 def test_a_reader_of_one_number_per_case_refuses_an_ab_file(tmp_path, cmd):
     """An ab file holds one record per measurement: show, recommend and plot would read the last
-    iteration of each case as the case's number, so each refuses it as compare does."""
+    iteration of each case as the case's number, so each refuses it as compare does; merge, which
+    said the file disagreed with itself, names it too."""
     ab = ROOT / "results" / "h200" / "count-block-ab.json"
-    code, _, err = _blocked(cmd, ab, *(["-o", tmp_path / "t.png"] if cmd == "plot" else []), cwd=tmp_path)
+    out = {"plot": ["-o", tmp_path / "t.png"], "merge": ["-o", tmp_path / "m"]}.get(cmd, [])
+    code, _, err = _blocked(cmd, ab, *out, cwd=tmp_path)
     assert code == 2 and f"{cmd} needs one record per case" in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
 

@@ -215,6 +215,19 @@ def test_render_imports_no_plugin_of_moebench_plugins(tmp_path):
     assert res.with_suffix(".md").exists() and not marker.exists(), "render imported a plugin"
 
 
+@pytest.mark.parametrize("cmd", ["render", "merge"])
+def test_a_record_without_a_parameter_its_section_reads_is_one_line(tmp_path, capsys, cmd):
+    """A hand-edited file whose records lack `tokens`: exit 2 naming it (it was a KeyError, exit 3)."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "results/h200/count-block.json").read_text())
+    for r in doc["records"]:
+        r["params"].pop("tokens")
+    res = tmp_path / "cb.json"
+    res.write_text(json.dumps(doc))
+    code, _, err = run_cli([cmd, str(res), *(["-o", str(tmp_path / "m")] if cmd == "merge" else [])], capsys)
+    assert code == 2 and "has no 'tokens', which the family's part of the page reads" in err
+    assert "Traceback" not in err and "internal error" not in err
+
+
 def _committed_pages():
     root = Path(__file__).resolve().parents[2] / "results"
     for path in sorted(root.glob("*/*.json")):

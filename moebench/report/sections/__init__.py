@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
+from moebench.errors import UsageError
 from moebench.report.sections import act, combine, count, layer
 
 # family name -> its section of a sweep's results page, and of an `ab` run's page
@@ -19,7 +20,13 @@ AB: dict[str, Callable[[list], str]] = {"layer": layer.conversion_section}
 def family_section(pages: dict[str, Callable[[list], str]], fam, records: list) -> str | None:
     """The family's own part of a page (`pages`: SWEEP or AB), or None where it has none."""
     fn = pages.get(fam.name) if fam.origin == "builtin" else None
-    return fn(records) if fn is not None else None
+    if fn is None:
+        return None
+    try:
+        return fn(records)
+    except KeyError as e:  # a hand-edited record that lacks a parameter the section reads
+        raise UsageError(f"a record of family {fam.name!r} has no {e.args[0]!r}, which the family's part of the "
+                         "page reads (every record moebench writes carries all of its family's parameters)") from None
 
 
 ab_section = partial(family_section, AB)  # the reading of both arms of an `ab` run (layer: the conversion)
