@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -15,8 +16,8 @@ from moebench.analysis import by_case
 from moebench.analysis.compare import add_cycles
 from moebench.analysis.pages import page_spec
 from moebench.analysis.reference import load_reference, reference_names
-from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, cuda_device, err, listing_console,
-                                 out, print_markdown, print_pivot, use_sources)
+from moebench.cli.common import (DEFAULT_OUT, MARKDOWN_OPT, MEGATRON_OPT, PLUGIN_OPT, STATE, cuda_device, err,
+                                 listing_console, out, print_markdown, print_pivot, use_sources)
 from moebench.core.cases import expand
 from moebench.core.device import ceilings_path, load_or_measure_ceilings, nvml_clocks
 from moebench.core.family import broken, catalogue, family_error
@@ -24,7 +25,7 @@ from moebench.core.records import load_results
 from moebench.core.spec import builtin_models, builtin_sweeps, load_spec
 from moebench.core.store import atomic_write_text, page_problem, page_text, writable_dir
 from moebench.core.text import printable
-from moebench.errors import Unavailable, UsageError
+from moebench.errors import ExitCode, SpecError, Unavailable, UsageError
 from moebench.report.catalogue import default_text, family_doc, variant_rows
 from moebench.report.sweep import frame, pivots, sweep_markdown
 from moebench.sources import upstream
@@ -37,14 +38,24 @@ REFERENCE_OPT = typer.Option(None, "--reference", help="A published table to set
 @app.command(short_help="Check specs without running anything.")
 def validate(paths: list[str] = typer.Argument(..., help="Spec files or names."),
              plugin: Optional[list[Path]] = PLUGIN_OPT):
-    """Check specs (syntax, keys, values, expansion) without running anything."""
+    """Check specs (syntax, keys, values, expansion) without running anything: every one given, each
+    a line (ok, or its errors); exit 2 when any is wrong."""
     use_sources(plugin, None)
+    bad = 0
     for p in paths:
-        spec = load_spec(p)
-        n = len(expand(spec))
-        nq = len(expand(spec, quick=True))
-        nv = f", verify {len(expand(spec, verify=True))}" if spec.verify else ""
+        try:
+            spec = load_spec(p)
+            n, nq = len(expand(spec)), len(expand(spec, quick=True))
+            nv = f", verify {len(expand(spec, verify=True))}" if spec.verify else ""
+        except SpecError as e:  # the others are still checked (validate sweeps/*.yaml in CI)
+            if STATE["verbose"]:
+                traceback.print_exc()
+            err.print(f"error: {e}", highlight=False, soft_wrap=True)
+            bad += 1
+            continue
         out.print(f"{spec.path}: ok — {n} cases (quick {nq}{nv})")
+    if bad:
+        raise typer.Exit(ExitCode.USAGE)
 
 
 @app.command("list", short_help="Families, variants, upstream kernels, sweeps, model configs, references; "

@@ -264,6 +264,17 @@ def test_bad_spec_is_one_clear_line(tmp_path, monkeypatch, capsys, text, key, ex
     assert_one_line_error(code, out, err, str(f), key, expect)
 
 
+def test_validate_checks_every_spec_it_is_given(tmp_path, monkeypatch, capsys):
+    """One bad spec no longer hides the ones after it: each gets its line, and the exit is 2."""
+    bad1, bad2 = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    bad1.write_text(BAD[0][1], encoding="utf-8")
+    bad2.write_text(BAD[1][1], encoding="utf-8")
+    code, out, err = cli_run(monkeypatch, capsys, "validate", str(bad1), str(bad2), "count-block")
+    assert code == 2 and "Traceback" not in err
+    assert [line.startswith(f"error: {f}") for line, f in zip(err.strip().splitlines(), (bad1, bad2))] == [True, True]
+    assert "count-block.yaml: ok" in out
+
+
 def test_table_is_large_enough():
     assert len(BAD) >= 25
     assert len({b[0] for b in BAD}) == len(BAD)
