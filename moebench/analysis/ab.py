@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from moebench.analysis import metric_of
-from moebench.core.family import REQUIRED
+from moebench.core.family import REQUIRED, read_switch
 from moebench.core.stats import mean, stdev, t975
 from moebench.core.text import md_table
 from moebench.errors import UsageError
@@ -186,11 +186,18 @@ def parse_setting(text: str, family, option: str, more: str = "") -> Setting:
     key = key.strip()
     if not sep or not key:
         raise UsageError(f"{option}: expected KEY=VAL or env:NAME=VAL, got {text!r}")
-    switches = sorted({var for v in family.variants.values() for var, _ in v.env.values()})
+    switch = {var: (family.params[p], default) for v in family.variants.values() for p, (var, default) in v.env.items()}
+    switches = sorted(switch)
     if key.startswith("env:") or key in switches:
         name = key.removeprefix("env:")
         if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise UsageError(f"{option}: {key!r} is not an environment variable name")
+        if name in switch:  # a kill switch's value is checked here, as a run would read it
+            param, default = switch[name]
+            try:
+                read_switch(param, name, default, {name: raw})
+            except UsageError as e:
+                raise UsageError(f"{option}: {e}") from None
         return Setting(name, raw, env=True)
     if key == "variant":
         if raw not in family.variants:

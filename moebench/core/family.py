@@ -329,7 +329,7 @@ class FamilySpec:
                 out[name] = getattr(device, p.auto)
                 sources[name] = f"device {p.auto} (spec: 0)"
         for name, (var, default) in v.env.items():
-            out[name], sources[name] = _read_switch(self.params[name], var, default, environ)
+            out[name], sources[name] = read_switch(self.params[name], var, default, environ)
         if self.resolve_more is not None:
             out.update(self.resolve_more(variant, out, device, environ))
         return out, sources
@@ -351,7 +351,7 @@ class FamilySpec:
         return module
 
 
-def _read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -> tuple[Any, str]:
+def read_switch(p: Param, var: str, default: Any, environ: Mapping[str, str]) -> tuple[Any, str]:
     """A kill-switch variable's value for parameter `p`, or the shipped default when unset."""
     raw = environ.get(var)
     if raw is None or raw.strip() == "":

@@ -226,6 +226,14 @@ def test_ab_dry_run_with_variant_arms(capsys):
     assert re.search(r"\| rows=2048 \| \w+ \| \w+ \|", out) and "OFF: variant=legacy; ON: variant=capped" in out
 
 
+@pytest.mark.parametrize("switch", ["MCORE_COUNT_TOKENS_BLOCK", "env:MCORE_COUNT_TOKENS_BLOCK"])
+def test_ab_dry_run_checks_a_kill_switchs_value(capsys, switch):
+    """--dry-run printed a plan for a value the run would then refuse (pr refused it at once)."""
+    code, _, err = run_cli(["ab", "count-block", "--off", f"{switch}=abc", "--on", "block_size=128", "--dry-run"],
+                           capsys)
+    assert code == 2 and "--off: $MCORE_COUNT_TOKENS_BLOCK='abc': expected a power of two from 16 to 65536" in err
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--on", "blocksize=128"], "--on: unknown parameter 'blocksize' of family 'count'; expected one of tokens"),
     (["--on", "variant=nope"], "--on: variant: expected one of persistent"),
