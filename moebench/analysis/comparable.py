@@ -69,14 +69,20 @@ def differences(a: dict, b: dict) -> Differences:
     return out
 
 
+def _device_text(d: dict) -> str:
+    """"NVIDIA H200 (132 SMs)", or what is missing of it."""
+    if not d.get("name"):
+        return "a device the file does not name (no provenance.device.name)"
+    return f"{d['name']} ({d.get('sm_count', 'unknown')} SMs)"
+
+
 def check_comparable(pb: dict, pn: dict, *, allow_settings: bool = False, allow_device: bool = False) -> list[str]:
     """Refuse (UsageError, exit 2) two runs timed on different devices or under settings that change
     the numbers, unless allowed; returns notes on what was allowed to differ."""
     diff, notes = differences(pb, pn), []
     db, dn = settings_of(pb)["device"], settings_of(pn)["device"]
     if diff.device:
-        what = (f"BASE ran on {db.get('name')} ({db.get('sm_count')} SMs), NEW on {dn.get('name')} "
-                f"({dn.get('sm_count')} SMs)")
+        what = f"BASE ran on {_device_text(db)}, NEW on {_device_text(dn)}"
         what += "".join(f", {d}" for d in diff.device if d.startswith(DEVICE_KEYS_STATED))
         if not allow_device:
             raise UsageError(f"{what}: times of two devices are no gate; pass --allow-device to compare them anyway "

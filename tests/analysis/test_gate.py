@@ -406,3 +406,16 @@ def test_detect_spells_the_uuid_as_nvml_does():
     assert gpu_uuid(SimpleNamespace(uuid="82e5abc4-a10c-cb1f")) == "GPU-82e5abc4-a10c-cb1f"
     assert gpu_uuid(SimpleNamespace(uuid="MIG-1234")) == "MIG-1234"
     assert gpu_uuid(SimpleNamespace()) is None
+
+
+def test_a_file_without_its_device_is_named_as_such(tmp_path, capsys):
+    """NEW without provenance.device once read "NEW on None (None SMs)"."""
+    doc = json.loads((ROOT / "results/h200/count-block.json").read_text())
+    doc["provenance"].pop("device")
+    doc["provenance"].pop("settings", None)
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(doc))
+    code, _, err = run_cli(["compare", str(ROOT / "results/h200/count-block.json"), str(new), "--fail-on-regression"],
+                           capsys)
+    assert code == 2 and "NEW on a device the file does not name (no provenance.device.name)" in err
+    assert "None" not in err
