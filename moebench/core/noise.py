@@ -113,6 +113,9 @@ def load(path: Path, root: Path | None = None) -> NoiseModel:
         raise SpecError(path, "", f"not a noise model (JSON: {str(e).splitlines()[0][:80]})") from None
     if not isinstance(doc, dict):
         raise SpecError(path, "", "not a noise model: expected an object with device, runs and cases")
+    if "records" in doc and "provenance" in doc:
+        raise SpecError(path, "", "a results file, not a noise model (scripts/repro.py calibrate writes one, e.g. "
+                        "results/h200/noise/count-block.json)")
     dev = doc.get("device")
     if not isinstance(dev, str) or not dev:
         raise SpecError(path, "device", f"expected the GPU's name, got {json.dumps(dev)[:40]}")

@@ -220,3 +220,9 @@ def test_the_sweep_page_header_names_the_timer_and_the_noise_model():
     assert lines[i + 1].startswith("- Noise model: measured: results/h200/noise/count-block.json (6 runs, abc), "
                                    "sha256 abababababab")
     assert f"1 of {len(recs)} cases are not in it" in lines[i + 1]
+
+
+def test_a_results_file_given_as_a_noise_model_is_named_as_one():
+    """It once read "device: expected the GPU's name, got null"."""
+    with pytest.raises(SpecError, match="a results file, not a noise model"):
+        N.load(PACKAGE_ROOT / "results/h200/count-block.json")
