@@ -186,9 +186,10 @@ def show(
     if metric is None:
         metric = pv.get("metric", "median_us")
         if metric not in df.columns and "ref_check" in df.columns:
-            err.print(f"note: {results} has no {metric} (no timings: an interpreter or verify run); showing "
-                      "ref_check, the correctness check (--metric picks another column)", highlight=False,
-                      soft_wrap=True)
+            why = "no timings: an interpreter or verify run" if "median_us" not in df.columns else \
+                "the pivot's metric is not one of its columns"
+            err.print(f"note: {results} has no {metric} ({why}); showing ref_check, the correctness check (--metric "
+                      "picks another column)", highlight=False, soft_wrap=True)
             metric = "ref_check"
     for name, opt in (("--rows", rows), ("--cols", cols), ("--metric", metric)):
         if opt not in df.columns:

@@ -270,3 +270,13 @@ def test_merge_reads_each_case_against_a_baseline_of_another_shard(tmp_path):
     bmap = docs[0]["provenance"]["cases"]
     other = [r for r in merged if r["case_id"] not in base_ids]
     assert other and all(r["work"]["baseline_us"] == by[bmap[r["case_id"]]]["timing"]["median_us"] for r in other)
+
+
+def test_show_of_a_timed_file_with_an_unknown_pivot_metric_does_not_say_it_is_untimed(tmp_path):
+    doc = json.loads((ROOT / "results" / "h200" / "count-block.json").read_text())
+    doc["provenance"]["page"]["pivot"]["metric"] = "bogus"
+    f = tmp_path / "pm.json"
+    f.write_text(json.dumps(doc))
+    code, _, err = _blocked("show", f, cwd=tmp_path)
+    assert code == 0 and "has no bogus (the pivot's metric is not one of its columns)" in err
+    assert "no timings" not in err
