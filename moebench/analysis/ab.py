@@ -339,7 +339,7 @@ def timer_text(family, timing: Mapping[str, Any]) -> str:
     """How each A/B measurement is taken, for the page; `timing`: the timer's settings as a results
     file's provenance holds them."""
     n, groups = timing["launches_per_graph"], timing["groups"]
-    per_graph = (f"{n} launches per graph" if getattr(family, "graph_launches", None) is None else
+    per_graph = (f"{n} launches per graph" if family.graph_launches is None else
                  f"up to {n} launches per graph, fewer where one launch is a whole layer step (each record says "
                  "how many)")
     method = "" if groups <= 1 else f"; the mean of {groups} graph medians, each graph over its own placements"

@@ -42,6 +42,7 @@ class RecordsFamily:
         self.params = {k: None for r in records for k in r.params}
         self.default_pivot: dict = {}
         self.layers_per_launch = None
+        self.graph_launches = None
         self.variants: dict = {}
         self.shape_params: tuple = ()
 
