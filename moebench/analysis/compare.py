@@ -26,15 +26,20 @@ CLOCK_TOLERANCE = 0.02
 HIGHER_IS_BETTER = frozenset({"gbps", "speedup", "tflops", "gflops"})
 LOWER_IS_BETTER = frozenset({"cycles", "x_floor", "x_empty", "x_floor_plus_empty", "over_empty_us"})
 
-def metric_direction(metric: str) -> bool:
-    """True when higher is better, False when lower is; UsageError for a metric of unknown direction."""
-    if metric in HIGHER_IS_BETTER:
+def metric_direction(metric: str, *, lower_only: bool = False) -> bool:
+    """True when higher is better, False when lower is; UsageError for a metric of unknown direction
+    (`lower_only`: the caller ranks times alone, so the message offers only those)."""
+    if metric in HIGHER_IS_BETTER and not lower_only:
         return True
     if metric in LOWER_IS_BETTER or metric.endswith("_us"):
         return False
+    lower = f"a time (median_us or another *_us), {', '.join(sorted(LOWER_IS_BETTER))}"
+    if metric in HIGHER_IS_BETTER:
+        raise UsageError(f"--metric: a higher {metric} is better, and this command ranks a time or a ratio to a "
+                         f"floor, where lower is better; expected {lower}")
     raise UsageError(f"--metric: moebench does not know whether a higher or a lower {metric!r} is better; expected "
-                     f"a time (median_us or another *_us), {', '.join(sorted(LOWER_IS_BETTER))} (lower is better) or "
-                     f"{', '.join(sorted(HIGHER_IS_BETTER))} (higher is better)")
+                     + (lower if lower_only else f"{lower} (lower is better) or "
+                        f"{', '.join(sorted(HIGHER_IS_BETTER))} (higher is better)"))
 
 
 @dataclass

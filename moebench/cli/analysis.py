@@ -273,9 +273,7 @@ def recommend(
     across the swept shapes, and the minimax-regret choice; with --weights, the expected regret too.
     With --emit: the launch values a runtime reads, for the mix (--weights, default all shapes alike)."""
     prov, records = read_results(results)
-    if metric_direction(metric):
-        raise UsageError(f"--metric: recommend ranks by a time or a ratio to a floor, where lower is better; a higher "
-                         f"{metric} is better")
+    metric_direction(metric, lower_only=True)
     by_case(records, str(results), "recommend")
     check_times(records, str(results), metric)  # a zero, negative or non-numeric time is refused
     fam = builtin_family(records[0].family)  # a reader never imports a plugin

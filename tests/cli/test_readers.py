@@ -191,6 +191,7 @@ def test_a_reader_of_one_number_per_case_refuses_an_ab_file(tmp_path, cmd):
 def test_recommend_ranks_only_by_a_metric_where_lower_is_better(args, msg):
     code, _, err = _blocked("recommend", ROOT / "results" / "h200" / "count-block.json", *args)
     assert code == 2 and msg in err and "Traceback" not in err
+    assert "gflops" not in err and "expected a time" in err  # it offers only what it would take
 
 
 @pytest.mark.parametrize("extra", [[], ["--emit", "env"]], ids=["table", "emit"])
