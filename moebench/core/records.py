@@ -165,6 +165,7 @@ def _parse_json(text: str) -> Any:
 class StreamEntry:
     record: Record
     settings: dict | None  # the run_settings of the run that wrote it (its header line)
+    run: int = -1  # that header's index in StreamRead.headers (-1: none came before it)
 
 
 @dataclass
@@ -185,7 +186,7 @@ def read_stream(path: Path) -> StreamRead:
     if data and not data.endswith(b"\n"):
         out.complete_bytes = data.rfind(b"\n") + 1
         body, out.torn = data[:out.complete_bytes], 1
-    settings = None
+    settings, run_index = None, -1
     for i, line in enumerate(body.split(b"\n")[:-1]):
         if not line.strip():
             continue
@@ -197,16 +198,38 @@ def read_stream(path: Path) -> StreamRead:
                 run = d["run"] if isinstance(d["run"], dict) else {}
                 settings = run.get("settings") if isinstance(run.get("settings"), dict) else None
                 out.headers.append(run)
+                run_index = len(out.headers) - 1
                 continue
             rec = record_from(d.get("record"), f"line {i + 1}.record")
         except (ValueError, UnicodeDecodeError):
             out.unreadable += 1
             continue
-        out.entries.append(StreamEntry(rec, settings))
+        out.entries.append(StreamEntry(rec, settings, run_index))
     return out
 
 
 # ----------------------------------------------------------------------------------- reading results
+
+# What a stream's header says of the run that wrote the records after it; records of runs that differ
+# in any of these are not one set of results.
+_RUN_IDENTITY = ("spec_sha256", "git_commit", "settings")
+
+
+def _stream_results(path: Path) -> tuple[dict, list[Record]]:
+    """A stream read as results: each case's latest record, under the header of the run that wrote
+    it. A stream another run appended to holds records of several runs; they read as one set only
+    when those runs agree on spec, commit and settings (a resumed run), else UsageError."""
+    s = read_stream(path)
+    latest = {e.record.case_id: e for e in s.entries}
+    runs = sorted({e.run for e in latest.values()})
+    heads = [s.headers[i] if i >= 0 else {} for i in runs] or [s.headers[-1] if s.headers else {}]
+    differ = [k for k in _RUN_IDENTITY if any(h.get(k) != heads[0].get(k) for h in heads)]
+    if differ:
+        raise UsageError(f"{path}: holds the records of {len(heads)} runs that differ in {', '.join(differ)} "
+                         "(another run appended to this stream); read the final .json, or one run's lines")
+    head = heads[-1]
+    prov = {k: v for k, v in head.items() if k != "settings"}
+    return {**prov, "settings": head.get("settings"), "complete": False}, [e.record for e in latest.values()]
 
 
 def load_results(path: Path) -> tuple[dict, list[Record]]:
@@ -218,11 +241,7 @@ def load_results(path: Path) -> tuple[dict, list[Record]]:
         raise UsageError(f"{path}: not a file; expected a results .json")
     try:
         if path.suffix == ".jsonl":
-            s = read_stream(path)
-            latest = {e.record.case_id: e.record for e in s.entries}
-            head = s.headers[0] if s.headers else {}
-            prov = {k: v for k, v in head.items() if k != "settings"}
-            return {**prov, "settings": head.get("settings"), "complete": False}, list(latest.values())
+            return _stream_results(path)
         doc = _parse_json(path.read_text())
         if not isinstance(doc, dict):
             raise Malformed("", f"expected an object with 'provenance' and 'records', got {_kind(doc)}")

@@ -240,6 +240,35 @@ def test_a_stream_reads_as_results(tmp_path):
     assert json.loads(stream_path(tmp_path, "s").read_text().splitlines()[0])["run"]["settings"] == settings
 
 
+def test_a_stream_of_two_different_runs_is_not_one_results_file(tmp_path):
+    """A second run into the same output appends to the stream. Read as results, its records once
+    went under the first run's header: the later run's cold-L2 times passed a warm-L2 gate, and
+    `history add` filed them under the first run's commit. A resumed run (same spec, commit and
+    settings, another timestamp) still reads as one, under its latest header."""
+    spec, cases, settings, keys, prov = setup(tmp_path)
+    for later in ({**prov, "timestamp": "later"}, {**prov, "git_commit": "b" * 40}):
+        w = ResultsWriter(tmp_path, "s", {**prov, "git_commit": "a" * 40}, ("json",), keys=keys)
+        w.add_many([rec(cases[0]), rec(cases[1])])
+        w.close()
+        w = ResultsWriter(tmp_path, "s", {"git_commit": "a" * 40, **later}, ("json",), keys=keys)
+        w.add(rec(cases[1]))
+        w.close()
+        if "timestamp" in later:
+            p, recs = load_results(stream_path(tmp_path, "s"))
+            assert p["timestamp"] == "later" and len(recs) == 2
+        else:
+            with pytest.raises(UsageError, match="records of 2 runs that differ in git_commit"):
+                load_results(stream_path(tmp_path, "s"))
+        stream_path(tmp_path, "s").unlink()
+    w = ResultsWriter(tmp_path, "s", prov, ("json",), keys=keys)
+    w.add(rec(cases[0]))
+    w.close()
+    w = ResultsWriter(tmp_path, "s", {**prov, "settings": {**settings, "timing": {"l2": "cold"}}}, ("json",), keys=keys)
+    w.add(rec(cases[0]))  # every record the reader keeps is the later run's: one run, read as it
+    w.close()
+    assert load_results(stream_path(tmp_path, "s"))[0]["settings"]["timing"] == {"l2": "cold"}
+
+
 # ============================================================================ whose commit
 
 
