@@ -479,7 +479,7 @@ def conformance(
     for f in files:
         output_file(f, inputs=results, force=force)
     pairs, sources = [], []
-    for f in results:
+    for f in dict.fromkeys(results):  # a file given twice is read once
         prov, records = read_results(f)
         sources.append((str(f), prov))
         pairs += twins(records)

@@ -26,12 +26,12 @@ class Twin:
 
     @property
     def exact(self) -> bool:
-        return bool(self.ours.checks.get("baseline_equal") and self.theirs.checks.get("baseline_equal"))
+        return all(r.status == "ok" and r.checks.get("baseline_equal") for r in (self.ours, self.theirs))
 
     @property
     def ratio(self) -> float | None:
         a, b = self.ours.timing.get("median_us"), self.theirs.timing.get("median_us")
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 and math.isfinite(a):
+        if self.ours.status == self.theirs.status == "ok" and isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 and math.isfinite(a):
             return a / b
         return None
 
@@ -47,15 +47,16 @@ def _launch_key(rec: Record) -> tuple:
 
 
 def twins(records: Sequence[Record]) -> list[Twin]:
-    """Every (seed variant, its upstream twin) pair of ok records with equal shape and launch, in
-    record order. Families are the built-in ones: a reader never imports a plugin."""
+    """Every (seed variant, its upstream twin) pair of records with equal shape and launch, in record
+    order: a pair whose case failed is a pair that is not bit-exact; only a kernel that was not there
+    (`unavailable`) makes none. Families are the built-in ones: a reader never imports a plugin."""
     cat: dict = {}
     ours: dict[tuple, list[Record]] = {}
     theirs = []
     for r in records:
         fam = cat[r.family] if r.family in cat else cat.setdefault(r.family, builtin_family(r.family))
         v = fam.variants.get(r.variant) if fam is not None else None
-        if v is None or r.status != "ok":
+        if v is None or r.status == "unavailable":
             continue
         key = (r.family, tuple((k, r.params.get(k)) for k in fam.shape_params), _launch_key(r))
         if v.twins:

@@ -187,13 +187,32 @@ def test_twins_section_and_conformance_page(tmp_path):
     assert json.loads((tmp_path / "conf.json").read_text())["pairs"][0]["bit_exact"] is True
 
 
+def test_a_failed_twin_is_a_pair_that_is_not_bit_exact_and_a_file_given_twice_counts_once(tmp_path):
+    """A pair whose upstream case failed its check was once dropped: "69 twin pairs, 69 bit-exact",
+    exit 0. Given twice, a file once counted every pair twice."""
+    from moebench.core.records import load_results
+    from moebench.report.conformance import twins
+
+    n = len(twins(load_results(ROOT / "results" / "h200" / "count-grid.json")[1]))
+    doc = json.loads((ROOT / "results" / "h200" / "count-grid.json").read_text())
+    bad = next(r for r in doc["records"] if r["variant"] == "upstream")
+    bad.update(status="mismatch", error="counts differ")
+    bad["checks"].update(ref_check="mismatch")  # baseline_equal stays as it was: the status alone says it failed
+    f = tmp_path / "cg.json"
+    f.write_text(json.dumps(doc))
+    r = warm.run(["conformance", f, f, "-o", tmp_path / "c"], cwd=ROOT)
+    fails = sum(bad["case_id"] == p["upstream_case_id"] for p in json.loads((tmp_path / "c.json").read_text())["pairs"])
+    assert r.returncode == 1 and f"{n} twin pairs, {n - fails} bit-exact; {n - fails}/{n - fails} within" in r.stdout
+    assert len(json.loads((tmp_path / "c.json").read_text())["pairs"]) == n
+
+
 def test_the_conformance_summary_states_the_median_ratio_of_an_even_count():
     from types import SimpleNamespace
 
     from moebench.report.conformance import Twin, summary
 
     def twin(ours, theirs):
-        rec = lambda us: SimpleNamespace(timing={"median_us": us}, checks={"baseline_equal": True})  # noqa: E731
+        rec = lambda us: SimpleNamespace(timing={"median_us": us}, checks={"baseline_equal": True}, status="ok")  # noqa: E731
         return Twin("count", {}, {}, rec(ours), rec(theirs), 0.05)
 
     line = summary([twin(1.0, 1.0), twin(1.02, 1.0), twin(1.04, 1.0), twin(0.98, 1.0)])
