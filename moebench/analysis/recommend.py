@@ -319,14 +319,14 @@ class Decision:
 def _measured_variant(records: list[Record], family, sw: Switch, variant: str | None) -> str:
     """The variant whose records stand for the switch: `variant` if given, else the only one timed
     that takes the parameter from the spec, preferring the upstream (runtime's own) kernel."""
-    timed = ordered(r.label for r in records if metric_of(r) is not None)
-    takes = [lab for lab in timed if lab in family.variants and sw.param in family.variants[lab].params]
+    timed = ordered(r.variant for r in records if metric_of(r) is not None)  # a variant, not a spec entry's label
+    takes = [v for v in timed if v in family.variants and sw.param in family.variants[v].params]
     if variant is not None:
         if variant not in takes:
             raise UsageError(f"--variant: {variant!r} has no timed record with {sw.param} from the spec here; "
                              f"candidates: {', '.join(takes) or 'none'}")
         return variant
-    upstream = [lab for lab in takes if family.variants[lab].source == "upstream"]
+    upstream = [v for v in takes if family.variants[v].source == "upstream"]
     if len(upstream) == 1:
         return upstream[0]
     if len(takes) == 1:
@@ -376,9 +376,12 @@ def decide(records: list[Record], family, *, over: Sequence[str] | None = None, 
     out = []
     for sw in sws:
         lab = _measured_variant(records, family, sw, variant)
-        recs = [r for r in records if r.label == lab]
+        recs = [r for r in records if r.variant == lab]
         rels = _checked(recs, family, sw, noise)
         ov, _, group = recommend_keys(recs, family, over, [sw.param])
+        # a key set with the switch (each spec entry's label, "upstream b128") is not another dimension
+        group = [k for k in group if len({(value_of(r, sw.param), value_of(r, k)) for r in recs})
+                 > len({value_of(r, sw.param) for r in recs})]
         if group:
             raise UsageError(f"--emit: {', '.join(group)} also vary; one environment holds one {sw.var} per device, "
                              f"so take the mix over them too: --over {','.join(ov + group)}")

@@ -99,6 +99,17 @@ def test_the_upstream_kernel_stands_for_the_runtime_unless_told():
         decide(both, COUNT, variant="strided")
 
 
+def test_a_variant_is_found_under_the_label_its_spec_gave_it():
+    """Records are labelled by their spec entry ("upstream b128 w4 (Megatron)"); the measured
+    variant was once looked up by label, so a file with labels could never emit."""
+    both = [Record(r.sweep, r.family, r.case_id + v[0], v, f"{v} b{r.params['block_size']} (mine)", r.status,
+                   params=r.params, timing=dict(r.timing)) for r in recs() for v in ("persistent", "upstream")]
+    d = decide(both, COUNT)[0]
+    assert d.variant == "upstream" and sorted(d.default.case_ids.values()) == ["c128-1024u", "c128-16384u",
+                                                                              "c128-256u", "c128-4096u"]
+    assert decide(both, COUNT, variant="persistent")[0].choice.case_ids[(256,)].endswith("p")
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 
