@@ -131,6 +131,7 @@ def _main() -> None:
                       "real file", highlight=False, soft_wrap=True)
             sys.exit(ExitCode.USAGE)
         if STATE["verbose"]:
-            raise
-        err.print(f"internal error: {type(e).__name__}: {e} (run with -v for the traceback)", soft_wrap=True)
+            traceback.print_exc()  # and still exit 3: -v changes what is said, not the code
+        err.print(f"internal error: {type(e).__name__}: {e}" + ("" if STATE["verbose"] else
+                  " (run with -v for the traceback)"), soft_wrap=True)
         sys.exit(ExitCode.INTERNAL)

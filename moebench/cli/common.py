@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -32,8 +33,19 @@ from moebench.errors import BackendError, ExitCode, UsageError
 from moebench.report.sweep import NOT_TAKEN, NOT_TAKEN_NOTE, STATUS_MARK, page_pivots, pivot_rows
 from moebench.sources import plugins, upstream
 
-out = Console(markup=False, emoji=False)
-err = Console(stderr=True, markup=False, emoji=False)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """A reader that closed the pipe (`moebench list | head`): rich exits 1, which says a case
+        failed; this says what a process the pipe's signal killed would (128 + SIGPIPE)."""
+        self.quiet = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(ExitCode.INTERRUPTED + signal.SIGPIPE)
+
+
+out = _Console(markup=False, emoji=False)
+err = _Console(stderr=True, markup=False, emoji=False)
 # verbose: -v; timings: print the wall table at the end (--timings, -v); signalled: the first signal
 # of this command; in_run: inside a run's event loop; pending: a signal that landed in an import
 # during a run, raised at the run's next event
@@ -55,7 +67,7 @@ LIST_PIPE_WIDTH = 100
 
 def listing_console() -> Console:
     """The console `list` prints on: `out` in a terminal, else one LIST_PIPE_WIDTH columns wide."""
-    return out if out.is_terminal else Console(markup=False, emoji=False, width=LIST_PIPE_WIDTH)
+    return out if out.is_terminal else _Console(markup=False, emoji=False, width=LIST_PIPE_WIDTH)
 
 
 def fit_consoles() -> None:

@@ -32,3 +32,21 @@ def test_exit_codes_pass_through():
         assert p.stdout == "said\n"  # buffered output is flushed before leaving
         if code == 1:
             assert p.stderr.strip() == "bad"
+
+
+def test_a_closed_pipe_is_the_pipes_signal_not_a_failed_case():
+    """`moebench list | head -1` once exited 1, "a case failed" (rich's answer to a closed pipe)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "moebench", "list"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.read(20)
+    p.stdout.close()  # the reader goes away with most of the listing unread
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 128 + 13 and "Traceback" not in err, err
+
+
+def test_v_shows_the_traceback_of_an_internal_error_and_still_exits_3():
+    p = _run(["-c", "import moebench.cli as c\nfrom moebench.cli.common import STATE\n"
+                    "def boom(**kw):\n    STATE['verbose'] = True  # what -v sets\n    raise RuntimeError('a bug')\n"
+                    "c.command = lambda: boom\nc.entry()\n"])
+    assert p.returncode == 3 and "Traceback" in p.stderr and "internal error: RuntimeError: a bug" in p.stderr, p.stderr
