@@ -212,11 +212,11 @@ def check_times(records: list[Record], name: str, metric: str) -> None:
     huge speed-up). The metric may be `cycles` where the records carry an SM clock."""
     if metric == "cycles":
         add_cycles(records)
+    if not any(r.timing.get("median_us") is not None for r in records):
+        raise UsageError(f"{name} holds no timings (an interpreter or a verify run records none)")
     if not any(metric in getattr(r, g) for r in records for g in GROUPS):
         cols = sorted({k for r in records for k, v in r.timing.items() if isinstance(v, (int, float))})
-        raise UsageError(f"--metric: {name} has no column {metric!r}"
-                         + (f"; its timing columns: {', '.join(cols)}" if cols else
-                            " and no timings at all (an interpreter run records none)"))
+        raise UsageError(f"--metric: {name} has no column {metric!r}; its timing columns: {', '.join(cols)}")
     for r in records:
         v = raw_value(r, metric)
         if r.status != "ok" or v is None:

@@ -10,6 +10,7 @@ records about itself in moebench.core.provenance.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ class Malformed(ValueError):
 
 # Numbers the readers compute with: a string or an object here would fail deep inside a table.
 _NUMERIC = {"timing": ("median_us", "min_us", "max_us", "q1_us", "q3_us", "iqr_us", "rel_noise", "n_replays")}
+_POSITIVE = ("median_us", "min_us", "max_us", "q1_us", "q3_us")  # times; the rest may be 0
 
 
 def record_from(d: Any, key: str) -> Record:
@@ -107,9 +109,21 @@ def record_from(d: Any, key: str) -> Record:
     for g, names in _NUMERIC.items():
         for n in names:
             v = d.get(g, {}).get(n)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            if v is not None and not _is_number(v):
                 raise Malformed(f"{key}.{g}.{n}", f"expected a number, got {_kind(v)}")
+            if v is not None and not (math.isfinite(v) and (v > 0 if n in _POSITIVE else v >= 0)):
+                raise Malformed(f"{key}.{g}.{n}", f"expected a {'positive' if n in _POSITIVE else 'finite, non-negative'} "
+                                f"number, got {v!r}")  # a zero or NaN time reads as a huge speed-up
+    for k, v in d.get("params", {}).items():  # a case's values: pivots and groups hash them
+        if not isinstance(v, (str, int, float, type(None))):
+            raise Malformed(f"{key}.params.{k}", f"expected a number, a string, true/false or null, got {_kind(v)}")
+    if not isinstance(d.get("timing", {}).get("timer"), (str, type(None))):
+        raise Malformed(f"{key}.timing.timer", f"expected the timer's name, got {_kind(d['timing']['timer'])}")
     return Record.from_json(d)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # provenance keys the readers use: the type each must have when present, and its name
@@ -129,6 +143,13 @@ _PAGE_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
+# provenance.device's numbers; every other value of ceilings and timing is a number but these texts
+_DEVICE_NUMBERS = ("sm_count", "l2_bytes", "max_threads_per_sm", "total_mem_bytes", "sm_clock_max_mhz",
+                   "mem_clock_max_mhz")
+_TEXT = ("measured_at", "measured_in", "l2", "noise", "placement_memory")
+_ANY = ("*",)  # any key may be null
+
+
 def _check_types(d: dict, types_of: dict[str, tuple[tuple[type, ...], str]], key: str) -> None:
     """Each key of `d` that `types_of` names has one of its types (a boolean is no integer)."""
     for k, (types, name) in types_of.items():
@@ -145,6 +166,18 @@ def check_provenance(prov: Any) -> dict:
     for k, v in prov.get("page", {}).get("pivot", {}).items():
         if not isinstance(v, str):
             raise Malformed(f"provenance.page.pivot.{k}", f"expected a string, got {_kind(v)}")
+    for g, numbers, null in (("device", _DEVICE_NUMBERS, ("sm_clock_max_mhz", "mem_clock_max_mhz")),
+                             ("ceilings", None, ()), ("timing", None, _ANY)):
+        for k, v in (prov.get(g) or {}).items():  # what the pages compute with and print
+            if (k not in numbers) if numbers else (k in _TEXT or isinstance(v, dict)):
+                continue
+            if not (_is_number(v) or (v is None and (null is _ANY or k in null))):
+                raise Malformed(f"provenance.{g}.{k}", "expected a number" + (" or null" if null is _ANY or k in null else "")
+                                + f", got {_kind(v)}")
+    shard = prov.get("shard")
+    if shard is not None and not (len(shard) == 2 and all(_is_number(x) and x == int(x) >= 0 for x in shard)
+                                  and shard[0] < shard[1]):
+        raise Malformed("provenance.shard", f"expected [index, count] with 0 <= index < count, got {shard!r}"[:200])
     for k, v in (prov.get("cases") or {}).items():
         if not isinstance(v, (str, type(None))):
             raise Malformed(f"provenance.cases.{k}", f"expected the baseline's case id or null, got {_kind(v)}")

@@ -251,8 +251,8 @@ def sweep_markdown(spec, records: list[Record], prov: dict) -> str:
     timed = [r for r in records if r.timing.get("median_us") is not None]
     if timed:
         t = prov.get("timing", {})
-        noise = [r.timing.get("rel_noise", 0) for r in timed]
-        out.append(f"- Timer: {timer_text(t)}; worst achieved ±{100 * max(noise):.2f}%.")
+        noise = [n for r in timed if (n := r.timing.get("rel_noise")) is not None]
+        out.append(f"- Timer: {timer_text(t)}" + (f"; worst achieved ±{100 * max(noise):.2f}%." if noise else "."))
         out.append(page_line(prov, timed))
         if c:
             out.append(f"- Ceilings on this device: copy {c.get('copy_dram_gbps', 0):,.0f} GB/s from DRAM, "

@@ -419,3 +419,14 @@ def test_a_file_without_its_device_is_named_as_such(tmp_path, capsys):
                            capsys)
     assert code == 2 and "NEW on a device the file does not name (no provenance.device.name)" in err
     assert "None" not in err
+
+
+def test_a_file_without_timings_is_named_as_such_not_as_a_missing_metric():
+    """An interpreter run's records carry compile_s alone; the gate once answered "--metric: BASE has
+    no column 'median_us'; its timing columns: compile_s" to a user who gave no --metric."""
+    from moebench.analysis.compare import check_times
+    from moebench.errors import UsageError
+
+    recs = [Record("s", "count", "c1", "v", "v", "ok", params={"tokens": 1}, timing={"compile_s": 0.2})]
+    with pytest.raises(UsageError, match=r"^BASE holds no timings \(an interpreter or a verify run records none\)$"):
+        check_times(recs, "BASE", "median_us")

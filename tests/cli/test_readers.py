@@ -203,7 +203,7 @@ def test_recommend_refuses_a_zero_time(tmp_path, extra):
     f = tmp_path / "zero.json"
     f.write_text(json.dumps(doc))
     code, _, err = _blocked("recommend", f, *extra, cwd=tmp_path)
-    assert code == 2 and "median_us is 0; a time must be a positive number" in err
+    assert code == 2 and "records[0].timing.median_us: expected a positive number, got 0" in err
 
 
 def _shards(d: Path, edit1=lambda prov: None) -> tuple[Path, Path]:

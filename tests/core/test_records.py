@@ -229,6 +229,32 @@ def test_load_results_names_the_bad_key(tmp_path, text, key):
         load_results(f)
 
 
+REAL = Path(__file__).resolve().parents[2] / "results" / "h200" / "count-block.json"
+
+
+@pytest.mark.parametrize("edit,key", [
+    # each once an internal error (exit 3) in render and merge, or in every reader (the list)
+    (lambda d: d["provenance"]["device"].update(l2_bytes=None), "provenance.device.l2_bytes: expected a number, got"),
+    (lambda d: d["provenance"]["ceilings"].update(empty_us=None), "provenance.ceilings.empty_us: expected a number"),
+    (lambda d: d["provenance"]["timing"].update(rerun_rel="x"), "provenance.timing.rerun_rel: expected a number or null"),
+    (lambda d: d["provenance"].update(shard=[1]), "provenance.shard: expected [index, count]"),
+    (lambda d: d["records"][3]["params"].update(tokens=[256]), "records[3].params.tokens: expected a number, a string"),
+    (lambda d: d["records"][3]["timing"].update(timer=7), "records[3].timing.timer: expected the timer's name"),
+    # once printed as a time by show and render, while compare and recommend refused it
+    (lambda d: d["records"][3]["timing"].update(median_us=-1.0), "records[3].timing.median_us: expected a positive"),
+    (lambda d: d["records"][3]["timing"].update(median_us=0), "records[3].timing.median_us: expected a positive"),
+    (lambda d: d["records"][3]["timing"].update(rel_noise=float("nan")), "records[3].timing.rel_noise: expected a fin"),
+], ids=["l2-null", "ceiling-null", "rerun-text", "shard-short", "param-list", "timer-number", "negative-time",
+        "zero-time", "nan-noise"])
+def test_a_value_the_pages_compute_with_is_checked_on_reading(tmp_path, edit, key):
+    doc = json.loads(REAL.read_text())
+    edit(doc)
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match=key.replace("[", "\\[").replace("]", "\\]")):
+        load_results(f)
+
+
 def test_a_stream_reads_as_results(tmp_path):
     spec, cases, settings, keys, prov = setup(tmp_path)
     w = ResultsWriter(tmp_path, "s", prov, ("json",), keys=keys)

@@ -48,6 +48,20 @@ def test_render_rewrites_the_page_from_the_json(tmp_path, capsys):
     assert code == 2 and "not a moebench results file" in err
 
 
+def test_a_timed_record_without_a_stated_noise_renders(tmp_path, capsys):
+    """rel_noise null is a record that states no interval (compare refuses to judge it); the page
+    once failed on it with exit 3."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "results" / "h200" / "count-block.json").read_text())
+    worst = max(r["timing"]["rel_noise"] for r in doc["records"])
+    for r in doc["records"]:
+        r["timing"]["rel_noise"] = None if r["timing"]["rel_noise"] == worst else r["timing"]["rel_noise"]
+    res = tmp_path / "count-block.json"
+    res.write_text(json.dumps(doc))
+    second = max(r["timing"]["rel_noise"] or 0 for r in doc["records"])
+    assert run_cli(["render", str(res)], capsys)[0] == 0
+    assert f"; worst achieved ±{100 * second:.2f}%." in res.with_suffix(".md").read_text()
+
+
 def test_render_replaces_only_its_own_page_showing_no_more_records(tmp_path, capsys):
     """render refuses (exit 2) a page of another spec, one that shows more records than the results
     hold, and a file that is not a moebench page; --force replaces each."""
