@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 from moebench import tritonpatch
 from moebench.core.text import one_line, show
 from moebench.errors import UsageError
-from moebench.sources.plugins import current_source, current_suffix, load_installed
+from moebench.sources.plugins import current_source, current_suffix, load_installed, on_failure
 
 REQUIRED = object()
 
@@ -229,6 +229,7 @@ class FamilySpec:
             if have is None:
                 declared.builder = fn
                 self.variants[name] = declared
+                on_failure(lambda: self.variants.pop(name, None))  # a plugin that then fails registers nothing
             return fn
 
         return register
@@ -501,5 +502,7 @@ def register_family(fam: FamilySpec) -> FamilySpec:
     have = cat.get(fam.name)
     if have is not None and have is not fam:
         raise ValueError(f"family {fam.name!r} already exists ({have.origin}); give the new one another name")
+    if have is None:
+        on_failure(lambda: cat.pop(fam.name, None))  # a plugin that then fails registers nothing
     cat[fam.name] = fam
     return fam

@@ -17,7 +17,8 @@ import yaml
 
 from moebench.core.expr import ExprError, compile_expr
 from moebench.core.text import PACKAGE_ROOT, kind, read_bounded, safe_stem, show
-from moebench.core.family import FamilySpec, catalogue, family_error
+from moebench.core.family import FamilySpec, broken, catalogue, family_error
+from moebench.core.noise import given_as as noise_given_as
 from moebench.core.noise import setting_problem as noise_setting_problem
 from moebench.errors import SpecError, UsageError
 from moebench.sources import plugins
@@ -296,12 +297,20 @@ def load_model(name: str, spec_path: Path) -> tuple[dict[str, Any], bytes]:
 
 def unknown_variant(name: str, family: FamilySpec) -> str:
     """Why `name` is no variant of `family`: the variants it has, and where a variant it lacks
-    comes from (another family, or a plugin file that was not loaded)."""
+    comes from (another family, a plugin file that was not loaded, or an installed one that failed
+    to load)."""
     other = [f.name for f in catalogue().values() if f is not family and name in f.variants]
-    where = (f"{name!r} is a variant of family {', '.join(other)}" if other else
+    where = (f"{name!r} is a variant of family {', '.join(other)}" if other else _broken_plugins() or
              "a plugin's variant is registered by its file: pass --plugin FILE.py, or list it in the spec's plugins:")
     return (f"unknown variant {name!r}; family {family.name!r} has {', '.join(family.variants)}"
             + _did_you_mean(name, family.variants) + f"; {where}")
+
+
+def _broken_plugins() -> str:
+    """The installed plugins that failed to load, each with its FILE:LINE error, as a phrase ("" when
+    none did): a variant or family a spec names but no one registered may be one of theirs."""
+    why = [e for k, e in broken().items() if k.startswith("plugin ")]
+    return f"an installed plugin failed to load, and may be what registers it: {'; '.join(why)}" if why else ""
 
 
 def _did_you_mean(word: Any, choices) -> str:
@@ -650,8 +659,9 @@ def _name(L: "_Loader", v: Any) -> str:
 def _family(L: "_Loader", v: Any, cat: dict) -> FamilySpec:
     fam_name = L.string(v, "family")
     if fam_name not in cat:
+        more = _broken_plugins()
         L.fail("family", family_error(fam_name) or f"unknown family {fam_name!r}; known: {', '.join(cat)}"
-               + _did_you_mean(fam_name, cat))
+               + _did_you_mean(fam_name, cat) + (f"; {more}" if more else ""))
     return cat[fam_name]
 
 
@@ -773,7 +783,8 @@ def set_timing(t: Timing, given: dict[str, Any], fail) -> None:
 
 def apply_timing_overrides(timing: Timing, text: str) -> list[str]:
     """Apply `--timing KEY=VALUE,...` to a spec's timing settings (the same checks as the spec's
-    `timing:` block); returns the keys set. A bad item is a UsageError naming it."""
+    `timing:` block); returns the keys set. A bad item, or a key given twice, is a UsageError naming
+    it."""
     given: dict[str, Any] = {}
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -783,6 +794,8 @@ def apply_timing_overrides(timing: Timing, text: str) -> list[str]:
         if not sep or key not in TIMING_KEYS:
             raise UsageError(f"--timing: expected KEY=VALUE with KEY one of {', '.join(TIMING_KEYS)}; got {item!r}"
                              + (_did_you_mean(key, TIMING_KEYS) if sep else ""))
+        if key in given:  # which one was meant is a guess (a spec's timing: block refuses it too)
+            raise UsageError(f"--timing {key}: given more than once; give each key once")
         try:
             given[key] = yaml.safe_load(raw)
         except yaml.YAMLError:
@@ -792,4 +805,6 @@ def apply_timing_overrides(timing: Timing, text: str) -> list[str]:
         raise UsageError(f"--timing {key}: {problem}")
 
     set_timing(timing, given, fail)
+    if "noise" in given:  # a missing model file is found when the run resolves it: named as given here
+        noise_given_as(timing, "--timing noise")
     return list(given)

@@ -32,6 +32,7 @@ DEFAULT_LIMIT_S = 120.0
 _LOADED: dict[tuple[Path, str], tuple[ModuleType, str]] = {}
 _CURRENT: list[str] = []  # the plugin being loaded: what a variant registered now is recorded as
 _SUFFIX: list[str] = []  # what the variant names it registers end with ("@on": one arm of `pr`)
+_UNDO: list[list[Callable[[], None]]] = []  # per plugin loading now: what takes back what it registered
 _INSTALLED = False
 
 
@@ -44,6 +45,15 @@ def current_suffix() -> str:
     """What the variant names a plugin file registers now end with: "" but while an arm's file
     runs (`suffix` of load_file)."""
     return _SUFFIX[-1] if _SUFFIX else ""
+
+
+def on_failure(undo: Callable[[], None]) -> None:
+    """While a plugin loads, call `undo` if it then fails: the catalogue (moebench.core.family, a
+    floor above) takes back each variant and family a plugin registers this way, so one that fails
+    while loading registers nothing (half a file run would leave a variant that runs). Outside a
+    plugin's loading, a no-op."""
+    if _UNDO:
+        _UNDO[-1].append(undo)
 
 
 def load_file(path: str | Path, where: str = "--plugin", suffix: str = "") -> ModuleType:
@@ -151,18 +161,22 @@ class _Failed(Exception):
 @contextlib.contextmanager
 def _loading(source: str, suffix: str, limit: float, keep=()):
     """A plugin loading: what it registers is recorded as `source`, its variants named with
-    `suffix`; its time limit, os._exit as an error (user_code). Any failure but `keep` and an
-    interrupt that really arrived meanwhile (noted by _noting_signals; the handler in force still
-    runs) comes out as _Failed."""
+    `suffix`; its time limit, os._exit as an error (user_code). A plugin that fails registers
+    nothing: what it registered before failing is taken back (`on_failure`). Any failure but `keep`
+    and an interrupt that really arrived meanwhile (noted by _noting_signals; the handler in force
+    still runs) comes out as _Failed."""
     _CURRENT.append(source)
     _SUFFIX.append(suffix)
+    _UNDO.append([])
     arrived: list = []
     try:
         with time_limit(limit, _TooLong), user_code(), _noting_signals(arrived):
             yield
-    except keep:
-        raise
     except BaseException as e:  # noqa: BLE001 - any failure in a user's file is that file's error, one line
+        for undo in reversed(_UNDO[-1]):
+            undo()
+        if isinstance(e, keep):
+            raise
         what = _what(e, limit, arrived)
         if what is None:  # a real Ctrl-C or SIGTERM: the command's own business
             raise
@@ -170,6 +184,7 @@ def _loading(source: str, suffix: str, limit: float, keep=()):
     finally:
         _CURRENT.pop()
         _SUFFIX.pop()
+        _UNDO.pop()
 
 
 @contextlib.contextmanager

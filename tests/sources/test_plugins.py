@@ -119,6 +119,41 @@ def test_a_broken_installed_plugin_breaks_only_itself(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("fails_at", [9, 5])  # after registering a family and a variant, or before the variant
+def test_an_installed_plugin_that_fails_while_loading_registers_nothing_and_is_named(tmp_path, fails_at):
+    """Before: what the file registered before it raised stayed (a spec ran the half-loaded variant),
+    and a spec naming a variant it never reached was told to pass --plugin, not why it is missing."""
+    lines = ["from moebench.families import FamilySpec, Param, get_family, register_family",
+             "register_family(FamilySpec(name='half_fam', doc='', kernels=__name__,",
+             "    params={'n': Param('n', int), 'w': Param('w', int, default=1, role='launch')}))",
+             "COUNT = get_family('count')",
+             "@COUNT.variant('half_loaded', params=('block_size',), doc='half')",
+             "def build(inp, params, device):",
+             "    return None",
+             ""]
+    lines.insert(fails_at - 1, "raise ImportError('needs foo')")
+    bad = tmp_path / "half.py"
+    bad.write_text("\n".join(lines))
+    env = {"MOEBENCH_PLUGINS": str(bad)}
+    says = f"an installed plugin failed to load, and may be what registers it: $MOEBENCH_PLUGINS: {bad}:{fails_at}: " \
+        "ImportError: needs foo"
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nfamily: count\nmodel: qwen3-30b-a3b\nvariants: [persistent, half_loaded]\n"
+                    "baseline: {variant: persistent, block_size: 1024}\naxes: {tokens: [7]}\n"
+                    "fixed: {buffer_tokens: 64}\n")
+    for args in (("validate", spec), ("sweep", spec, "--out", tmp_path / "o")):
+        r = moebench(*args, env_extra=env)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "variants[1].variant: unknown variant 'half_loaded'" in r.stderr and says in r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    fam = tmp_path / "f.yaml"
+    fam.write_text("name: f\nfamily: half_fam\nvariants: [v]\n")
+    r = moebench("validate", fam, env_extra=env)
+    assert r.returncode == 2 and "family: unknown family 'half_fam'" in r.stderr and says in r.stderr
+    r = moebench("list", env_extra=env)
+    assert r.returncode == 0 and "BROKEN" in r.stdout and "half_loaded" not in r.stdout and "half_fam" not in r.stdout
+
+
 def test_a_plugin_variant_brings_its_own_work_model_or_the_page_says_it_borrows_the_familys(tmp_path):
     """The issue's case: programs that each read every pair. With its own model the record says so;
     without one the page says its floors are the family's."""
