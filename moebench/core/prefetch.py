@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from moebench.core.cases import Case, shape_key
 from moebench.core.pipeline import CasePipeline
+from moebench.errors import UsageError
 
 # Background input building (untimed runs only: `verify`, interpreter runs). Workers: half the
 # cores, at most 8 (torch's own CPU kernels already use several threads each); $MOEBENCH_PREFETCH
@@ -42,14 +43,23 @@ def shape_major(cases: list[Case], shape_params: tuple[str, ...]) -> list[Case]:
 
 
 def prefetch_workers(environ: Mapping[str, str] | None = None) -> int:
-    """Background threads that build inputs ahead in untimed runs ($MOEBENCH_PREFETCH; 0 = none)."""
+    """Background threads that build inputs ahead in untimed runs ($MOEBENCH_PREFETCH; 0 = none).
+    At most the CPU's cores (or PREFETCH_MAX_WORKERS, where there are fewer): each thread runs
+    torch's CPU kernels and keeps two shapes' inputs in memory, so more threads than cores build
+    nothing sooner, and a million cannot even start. A value that is no whole number in that range
+    is a UsageError naming it."""
     raw = (os.environ if environ is None else environ).get("MOEBENCH_PREFETCH", "").strip()
-    if raw:
-        try:
-            return max(0, int(raw))
-        except ValueError:
-            pass
-    return max(1, min(PREFETCH_MAX_WORKERS, (os.cpu_count() or 2) // 2))
+    if not raw:
+        return max(1, min(PREFETCH_MAX_WORKERS, (os.cpu_count() or 2) // 2))
+    most = max(PREFETCH_MAX_WORKERS, os.cpu_count() or 1)
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= most:
+        raise UsageError(f"$MOEBENCH_PREFETCH={raw!r}: expected a number of threads from 0 (none) to {most} "
+                         f"(the larger of the CPU cores and {PREFETCH_MAX_WORKERS})")
+    return value
 
 
 class _DaemonPool:

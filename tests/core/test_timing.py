@@ -3,6 +3,8 @@ the session's estimate over placement groups, timing overrides, and the untimed 
 inputs, shape-major order) giving the same records."""
 
 import math
+import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -195,6 +197,29 @@ def test_timing_overrides_and_their_errors(tmp_path, capsys):
     spec_file.write_text((load_spec("count-block").path.read_text()) + "timing: {placement_memory: pooled}\n")
     code, _, err = run_cli(["validate", str(spec_file)], capsys)
     assert code == 2 and "timing.placement_memory: expected one of caching, private" in err
+
+
+def test_a_timing_key_given_twice_is_refused():
+    """Which of two values was meant is a guess: the spec's timing: block refuses a key twice too."""
+    for twice in ("groups=4,groups=8", "groups=4, max_groups=8, groups = 4"):
+        with pytest.raises(UsageError, match="^--timing groups: given more than once; give each key once$"):
+            apply_timing_overrides(load_spec("count-block").timing, twice)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "2.5", "1000000"])
+def test_a_bad_moebench_prefetch_is_a_usage_error_naming_it(value, tmp_path, capsys, monkeypatch):
+    """Before: a million threads was an internal error (none could start), and a word or a negative
+    number quietly meant the default."""
+    most = max(prefetch.PREFETCH_MAX_WORKERS, os.cpu_count() or 1)
+    with pytest.raises(UsageError, match=rf"^\$MOEBENCH_PREFETCH='{re.escape(value)}': expected a number of threads "
+                       rf"from 0 \(none\) to {most} "):
+        prefetch.prefetch_workers({"MOEBENCH_PREFETCH": value})
+    assert [prefetch.prefetch_workers({"MOEBENCH_PREFETCH": v}) for v in ("0", " 2 ", str(most))] == [0, 2, most]
+    if value == "abc":  # the run stops before its first case, exit 2 in one line (a million is not started here)
+        monkeypatch.setenv("MOEBENCH_PREFETCH", value)
+        code, _, err = run_cli(["verify", "count-block", "--quick", "--out", str(tmp_path)], capsys)
+        assert code == 2 and "$MOEBENCH_PREFETCH='abc': expected a number of threads" in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_untimed_runs_give_the_same_records_with_inputs_built_ahead(monkeypatch):
