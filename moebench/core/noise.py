@@ -177,7 +177,8 @@ def resolve(setting: str, *, sweep: str | None, device_name: str, device_slug: s
     if not p.is_absolute() and not p.exists() and (root / p).exists():
         p = root / p
     if not p.exists():
-        raise UsageError(f"timing.noise: {setting}: no such noise model file (expected auto, none or a path)")
+        raise UsageError(f"{getattr(timing, _GIVEN_AS, 'timing.noise')}: {setting}: no such noise model file "
+                         "(expected auto, none or a path)")
     m = load(p, root)
     note = _method_note(m, timing)
     if m.device != device_name:
@@ -197,6 +198,15 @@ def _method_note(m: NoiseModel, timing) -> str:
 # `noise` is what resume keys and provenance.timing record; the model's file and hash are recorded
 # in provenance.noise_model). It pickles with the Timing to per-GPU workers.
 _ATTR = "_noise_choice"
+
+
+# Where the setting was given, for the error naming a missing model file: the spec's key
+# (timing.noise), unless --timing set it (`given_as`). An attribute on the Timing, as the choice is.
+_GIVEN_AS = "_noise_given_as"
+
+
+def given_as(timing, where: str) -> None:
+    setattr(timing, _GIVEN_AS, where)
 
 
 def bind(timing, choice: NoiseChoice) -> NoiseChoice:

@@ -100,6 +100,18 @@ def test_the_cli_exits_2_on_a_malformed_model_before_any_case(tmp_path, capsys):
     assert code == 2 and "--timing noise: expected auto, none or the path" in err
 
 
+def test_a_missing_model_file_is_named_as_it_was_given(tmp_path, capsys):
+    """The setting from --timing is named as that option, as its other errors are; from the spec, by its key."""
+    code, _, err = run_cli(["sweep", "count-block", "--quick", "--interpret", "--out", str(tmp_path / "o"),
+                            "--timing", f"noise={tmp_path / 'nope.json'}"], capsys)
+    assert code == 2 and err.startswith(f"error: --timing noise: {tmp_path / 'nope.json'}: no such noise model file")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(load_spec("count-block").path.read_text() + f"timing: {{noise: {tmp_path / 'nope.json'}}}\n")
+    code, _, err = run_cli(["sweep", str(spec), "--quick", "--interpret", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.startswith(f"error: timing.noise: {tmp_path / 'nope.json'}: no such noise model file")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_timing_setting_is_validated_in_specs_and_overrides():
     t = Timing()
     assert t.noise == "auto"
