@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from moebench.analysis import metric_of
-from moebench.core.family import REQUIRED, read_switch
+from moebench.core.family import REQUIRED, get_family, read_switch, switch_variables
 from moebench.core.stats import mean, stdev, t975
 from moebench.core.text import md_table
 from moebench.errors import UsageError
@@ -246,13 +246,19 @@ def ab_pairs(spec, cases: list, off: Sequence[Setting], on: Sequence[Setting]) -
     """Apply each side's settings to every case: `variant=NAME` replaces the case's variant (and its
     label, where that was the variant's name), keeping its launch parameters where the new variant
     takes them (the family default where the case had none); the parameters set then. Cases whose
-    two sides come out the same collapse into one pair. Returns the pairs and notes on what was left
-    out: cases whose variant would not read a parameter a side sets."""
+    two sides come out the same collapse into one pair. A case that would launch alike on both sides
+    is left out: one whose variant would not read a parameter a side sets, one that already has a
+    side's values, one that reads no kill switch the sides set apart (an env: variable no variant
+    declares may be read by anything, so it keeps its case). Returns the pairs and notes on what was
+    left out."""
     from moebench.core.cases import case_id
 
     fam = spec.family
     keys = [s.key for s in list(off) + list(on) if not s.env and s.key != "variant"]
     has_env = any(s.env for s in list(off) + list(on))
+    offenv, onenv = ({s.key: s.value for s in side if s.env} for side in (off, on))
+    apart = sorted(k for k in offenv.keys() | onenv.keys() if offenv.get(k) != onenv.get(k))
+    judged = switch_variables()
     notes: list[str] = []
     skipped: dict[str, list[str]] = {}
 
@@ -272,6 +278,14 @@ def ab_pairs(spec, cases: list, off: Sequence[Setting], on: Sequence[Setting]) -
                 params[s.key] = s.value
         return replace(case, variant=variant, label=label, params=params, id=case_id(case.family, label, params))
 
+    def reads(case) -> set[str]:  # the kill switches its variant reads, and those of the variants it delegates to
+        v = fam.variants[case.variant]
+        found = _switches(v)
+        for k in v.params:
+            if fam.params[k].variant_of and case.params.get(k) in get_family(fam.params[k].variant_of).variants:
+                found |= _switches(get_family(fam.params[k].variant_of).variants[case.params[k]])
+        return found
+
     seen: dict[tuple, ABPair] = {}
     for c in cases:
         ignored = sorted({s.key for side in (off, on) for s in side if not s.env and s.key in keys
@@ -288,22 +302,50 @@ def ab_pairs(spec, cases: list, off: Sequence[Setting], on: Sequence[Setting]) -
     if not pairs:
         raise UsageError(f"no case of {spec.name} reads {', '.join(keys)}; variants: "
                          + ", ".join(f"{v.name} ({', '.join(v.params) or 'none'})" for v in fam.variants.values()))
-    if all(p.off.id == p.on.id for p in pairs) and \
-            {s.text() for s in off if s.env} == {s.text() for s in on if s.env}:
+    unread = [k for k in apart if k in judged and not any(k in reads(p.off) | reads(p.on) for p in pairs)]
+    if unread:  # a kill switch the sides set apart that no case reads: the page would claim what did not run
+        readers = [f"variant={v.name}" for v in fam.variants.values() if _switches(v) & set(unread)]
+        readers += [f"{k}={w.name}" for k, prm in fam.params.items() if prm.variant_of
+                    for w in get_family(prm.variant_of).variants.values() if _switches(w) & set(unread)]
+        raise UsageError(f"no case of {spec.name} reads ${', $'.join(unread)}; "
+                         + (f"set a variant that does on both sides: {', '.join(readers)}" if readers else
+                            f"no variant of family {fam.name!r} reads it"))
+    alike: dict[str, list[ABPair]] = {}  # one launch on both sides, by label: timing it compares nothing
+    for p in pairs:
+        if p.off.id == p.on.id and not any(k not in judged or k in reads(p.off) for k in apart):
+            alike.setdefault(p.off.label, []).append(p)
+    dropped = {id(p) for ps in alike.values() for p in ps}
+    pairs = [p for p in pairs if id(p) not in dropped]
+    if not pairs:
         raise UsageError(f"--off and --on give the same configuration ({settings_text(off)}); nothing to compare")
-    labels = {p.off.label for p in pairs}
-    names = [k for k in pairs[0].off.params if k not in keys]
-    for p in pairs:  # the label, and what varies among the pairs of that label
-        same = [q for q in pairs if q.off.label == p.off.label]
-        vary = [k for k in names if len({repr(q.off.params.get(k)) for q in same}) > 1]
-        bits = [p.off.label] if len(labels) > 1 else []
-        bits += [f"{k}={p.off.params.get(k)}" for k in vary]
+    shown = list(dict.fromkeys((["variant"] if any(s.key == "variant" for s in list(off) + list(on)) else []) + keys))
+    for label, ps in alike.items():
+        why = (f"they do not read ${', $'.join(apart)}" if apart else ", ".join(dict.fromkeys(
+            f"{k}={q.off.variant if k == 'variant' else q.off.params.get(k)}" for q in ps for k in shown)))
+        notes.append(f"{len(ps)} case(s) of {label!r} launch alike on both sides ({why}): left out")
+    groups = {(p.off.label, p.on.label) for p in pairs}
+    for p in pairs:  # the label, and what varies among the pairs of that label; a value the sides set apart as OFF→ON
+        same = [q for q in pairs if (q.off.label, q.on.label) == (p.off.label, p.on.label)]
+        vary = [k for k in p.off.params
+                if len({(repr(q.off.params.get(k)), repr(q.on.params.get(k))) for q in same}) > 1]
+        bits = [_arrow(p.off.label, p.on.label)] if len(groups) > 1 else []
+        bits += [f"{k}={_arrow(p.off.params.get(k), p.on.params.get(k))}" for k in vary]
         p.text = ", ".join(bits) or p.off.label
-    if not keys and not any(s.key == "variant" for s in list(off) + list(on)):
-        env = sorted({s.key for s in list(off) + list(on)})
-        notes.append(f"OFF and ON differ only in ${', $'.join(env)}: a case whose variant does not read it "
-                     "times the same launch on both sides")
+    unknown = [k for k in apart if k not in judged]
+    if unknown and any(p.off.id == p.on.id for p in pairs):
+        notes.append(f"OFF and ON differ in ${', $'.join(unknown)}, which no variant declares as a kill switch: a case "
+                     "that does not read it times the same launch on both sides")
     return pairs, notes
+
+
+def _switches(variant) -> set[str]:
+    return {var for var, _ in variant.env.values()}
+
+
+def _arrow(a, b) -> str:
+    """One value, or the OFF and ON values where the sides differ ("1024→128"); None (the side's
+    variant does not take the parameter) is left out."""
+    return f"{b if a is None else a}" if a == b or None in (a, b) else f"{a}→{b}"
 
 
 def arm_environ(settings: Sequence[Setting], base: Mapping[str, str]) -> dict[str, str]:

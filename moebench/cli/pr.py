@@ -6,6 +6,7 @@ writes the page."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 from dataclasses import asdict, replace
@@ -28,7 +29,7 @@ from moebench.core.driver import Driver, Finished, Summary
 from moebench.core.pipeline import Options
 from moebench.core.provenance import provenance, variant_code
 from moebench.core.spec import PACKAGE_ROOT, load_spec
-from moebench.core.store import OutputLock, atomic_write_text
+from moebench.core.store import OutputLock, atomic_write_text, result_stem
 from moebench.errors import Interrupted, SpecError, UsageError
 from moebench.passes import counters
 from moebench.report.pr import SECTIONS, TIMED, build
@@ -74,7 +75,8 @@ def pr(
     sp, offs, ons, pairs = ab_setup(spec, off, on, arms=n_arms, iters=iters, quick=quick, settings=arm_settings)
     focus = decision_pairs(sp, pairs, decision, weights)
     timed, device = not devices.want_interpreter(False), select_backend(False)
-    run = Run(sp, device, offs, ons, timed=timed, quick=quick, n_arms=n_arms, iters=iters)
+    run = Run(sp, device, offs, ons, timed=timed, quick=quick, n_arms=n_arms, iters=iters,
+              sources=source_options(plugin, megatron_lm))
     dest, stem = ab_outputs(sp, pairs, offs, ons, device, out_dir=out_dir, kind="pr", quick=quick, force=force)
     with OutputLock(dest, stem):
         doc = run.document(spec, pairs, focus, want, weights, off or [], on or [])
@@ -91,6 +93,13 @@ def pr(
 
 def incomplete(where: str) -> str:
     return f"INCOMPLETE: interrupted in {where}; no page written (a pr page is written only whole): rerun the command"
+
+
+def source_options(plugin, megatron_lm) -> str:
+    """--plugin and --megatron-lm as this run was given them, for the standalone commands: without
+    them a plugin's variant is unknown there."""
+    opts = [("--plugin", p) for p in plugin or ()] + ([("--megatron-lm", megatron_lm)] if megatron_lm else [])
+    return "".join(f" {o} {shlex.quote(str(v))}" for o, v in opts)
 
 
 def parse_sections(text: str | None) -> list[str]:
@@ -158,8 +167,9 @@ class Run:
     """The runs of one `pr` and the document they make; every record lands in `records`, tagged
     timing.pr_run (which run) and timing.pr_side (OFF or ON)."""
 
-    def __init__(self, spec, device, offs, ons, *, timed: bool, quick: bool, n_arms: int, iters: int):
-        self.spec, self.device, self.offs, self.ons = spec, device, offs, ons
+    def __init__(self, spec, device, offs, ons, *, timed: bool, quick: bool, n_arms: int, iters: int,
+                 sources: str = ""):
+        self.spec, self.device, self.offs, self.ons, self.sources = spec, device, offs, ons, sources
         self.timed, self.quick, self.n_arms, self.iters = timed, quick, n_arms, iters
         self.records: list = []
         self.compiled: dict = {OFF: {}, ON: {}}  # per arm, the kernels first compiled in its runs
@@ -289,16 +299,19 @@ class Run:
 
 
 def commands(spec_arg: str, run: Run, want, off_raw, on_raw, parts) -> dict[str, str]:
-    """The standalone commands that reproduce each section; a per-arm kernel source exists in `pr` only."""
-    q, reps = " --quick" if run.quick else "", f" --arms {run.n_arms} --iters {run.iters}"
+    """The standalone commands that reproduce each section, with the run's --plugin and
+    --megatron-lm; a per-arm kernel source exists in `pr` only. The kill switch reads the file the
+    gain command writes."""
+    q, reps, src = " --quick" if run.quick else "", f" --arms {run.n_arms} --iters {run.iters}", run.sources
     arms_opt = " ".join([f"--off {t}" for t in off_raw] + [f"--on {t}" for t in on_raw])
     lay, per_arm = parts.get("layer") or {}, any(t.split("=")[0].strip() in PER_ARM for t in off_raw + on_raw)
-    cmd = {"gain": f"moebench sweep {spec_arg}{q}", "correctness": f"moebench verify {spec_arg}{q}",
+    gain = result_stem(run.spec.name, quick=run.quick, verify=False)
+    cmd = {"gain": f"moebench sweep {spec_arg}{q}{src}", "correctness": f"moebench verify {spec_arg}{q}{src}",
            "separation": "moebench pr only (the arms load their own kernel sources)" if per_arm else
-           f"moebench ab {spec_arg}{q} {arms_opt}{reps}",
-           "counters": f"moebench sweep {spec_arg}{q} --counters",
-           "killswitch": f"moebench recommend OUT/{run.device.slug}/{run.spec.name}.json --emit env",
+           f"moebench ab {spec_arg}{q} {arms_opt}{reps}{src}",
+           "counters": f"moebench sweep {spec_arg}{q} --counters{src}",
+           "killswitch": f"moebench recommend OUT/{run.device.slug}/{gain}.json --emit env",
            "layer": f"moebench ab {lay.get('spec')}{q} " + " ".join(
-               [f"--off {t}" for t in lay.get("off", [])] + [f"--on {t}" for t in lay.get("on", [])]) + reps,
+               [f"--off {t}" for t in lay.get("off", [])] + [f"--on {t}" for t in lay.get("on", [])]) + reps + src,
            "protocol": " ".join(["moebench"] + sys.argv[1:])}
     return {k: v for k, v in cmd.items() if k in want and (k != "layer" or "spec" in lay)}

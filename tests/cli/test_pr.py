@@ -16,6 +16,7 @@ from moebench.core.cases import expand
 from moebench.core.family import catalogue
 from moebench.core.records import Record
 from moebench.core.spec import load_spec
+from moebench.errors import UsageError
 from moebench.report.pr import SECTIONS, TITLES, build, counters_sentence
 from moebench.sources import arms, plugins, upstream
 
@@ -232,6 +233,71 @@ def test_ab_dry_run_checks_a_kill_switchs_value(capsys, switch):
     code, _, err = run_cli(["ab", "count-block", "--off", f"{switch}=abc", "--on", "block_size=128", "--dry-run"],
                            capsys)
     assert code == 2 and "--off: $MCORE_COUNT_TOKENS_BLOCK='abc': expected a power of two from 16 to 65536" in err
+
+
+MIXED = TINY.replace("name: tiny", "name: mixed").replace("variants: [persistent]", "variants: [persistent, shipped]")
+
+
+def test_a_kill_switch_no_case_reads_exits_2(tmp_path, capsys):
+    """OFF and ON apart only in $MCORE_COUNT_TOKENS_BLOCK, which `persistent` does not read: the two
+    arms would time one launch, and the page say block_size=128 (spec) for both. Where some cases
+    read it (`shipped`), those are the pairs."""
+    spec = load_spec("count-block")
+    off, on = ([parse_setting(f"env:MCORE_COUNT_TOKENS_BLOCK={b}", spec.family, o)] for b, o in
+               ((1024, "--off"), (128, "--on")))
+    with pytest.raises(UsageError, match=r"no case of count-block reads \$MCORE_COUNT_TOKENS_BLOCK; .*variant=shipped"):
+        ab_pairs(spec, expand(spec, quick=True), off, on)
+    for cmd in (["ab", "count-block", "--quick", "--dry-run"], ["pr", "count-block", "--quick", "--out", str(tmp_path),
+                                                                "--sections", "correctness,changed"]):
+        code, out, err = run_cli([*cmd, "--off", "MCORE_COUNT_TOKENS_BLOCK=1024", "--on",
+                                  "MCORE_COUNT_TOKENS_BLOCK=128"], capsys)
+        assert code == 2 and "no case of count-block reads $MCORE_COUNT_TOKENS_BLOCK" in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and not out.strip()
+    assert not list(tmp_path.rglob("*-pr*"))
+    (tmp_path / "mixed.yaml").write_text(MIXED)
+    spec = load_spec(str(tmp_path / "mixed.yaml"))
+    pairs, notes = ab_pairs(spec, expand(spec), off, on)
+    assert [(p.off.variant, p.text) for p in pairs] == [("shipped", "tokens=7"), ("shipped", "tokens=40")]
+    assert notes == ["2 case(s) of 'persistent' launch alike on both sides (they do not read "
+                     "$MCORE_COUNT_TOKENS_BLOCK): left out"]
+
+
+def test_one_sided_settings_never_pair_a_case_with_itself():
+    """--off block_size=1024 alone: the spec's block-1024 cases were timed against themselves, and the
+    rows read tokens=0, tokens=7, tokens=256 three times over; each row names the ON side's value."""
+    spec = load_spec("count-block")
+    cases = expand(spec, quick=True)
+    for off, on, first in (("block_size=1024", None, "tokens=0, block_size=1024→64"),
+                           (None, "block_size=1024", "tokens=0, block_size=64→1024")):
+        offs, ons = ([parse_setting(t, spec.family, o)] if t else [] for t, o in ((off, "--off"), (on, "--on")))
+        pairs, notes = ab_pairs(spec, cases, offs, ons)
+        assert len(pairs) == 6 and all(p.off.id != p.on.id for p in pairs)
+        texts = [p.text for p in pairs]
+        assert len(set(texts)) == len(texts) and texts[0] == first
+        assert notes == ["3 case(s) of 'persistent' launch alike on both sides (block_size=1024): left out"]
+    one = [parse_setting("block_size=1024", spec.family, "--off")]
+    with pytest.raises(UsageError, match="same configuration"):
+        ab_pairs(spec, [c for c in cases if c.params["block_size"] == 1024], one, [])
+
+
+def test_the_standalone_commands_run_as_written(tmp_path, capsys, isolated, monkeypatch):
+    """The protocol's commands carry the run's --plugin (without it `ab` knows no variant
+    'histogram'), and the kill switch reads the file a --quick sweep writes."""
+    plug = tmp_path / "count_histogram.py"
+    shutil.copy(EXAMPLES / "count_histogram.py", plug)
+    code, _, err = run_cli(["pr", _tiny(tmp_path), "--quick", "--plugin", str(plug), "--off", "variant=persistent",
+                            "--on", "variant=histogram", "--out", str(tmp_path), "--sections",
+                            "separation,killswitch,protocol"], capsys)
+    assert code == 0, err
+    doc, md = _doc(tmp_path, "tiny-pr-quick")
+    cmds = doc["provenance"]["pr"]["commands"]
+    assert cmds["killswitch"] == "moebench recommend OUT/cpu-interpreter/tiny-quick.json --emit env"
+    assert cmds["separation"].endswith(f" --plugin {plug}") and f"`{cmds['separation']}`" in md
+    monkeypatch.setattr(plugins, "_LOADED", {})  # a fresh process: the plugin's variant is not registered
+    monkeypatch.setattr(catalogue()["count"], "variants", {k: v for k, v in catalogue()["count"].variants.items()
+                                                           if k != "histogram"})
+    code, out, err = run_cli([*cmds["separation"].split()[1:], "--dry-run"], capsys)
+    assert code == 0 and "ON: variant=histogram" in out, err
 
 
 @pytest.mark.parametrize("args,msg", [
