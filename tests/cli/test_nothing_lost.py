@@ -201,10 +201,10 @@ def _timed(path: Path, medians: dict[str, float | None], noise: float | None = 0
 
 @pytest.mark.parametrize("new,why", [
     ({"c": 1.0}, "share no case_id"),
-    ({"a": None, "b": None}, "no column 'median_us'"),
-    ({"a": float("nan"), "b": 1.0}, "median_us is nan"),
-    ({"a": 0.0, "b": 1.0}, "median_us is 0.0"),
-    ({"a": -1.0, "b": 1.0}, "median_us is -1.0"),
+    ({"a": None, "b": None}, "NEW holds no timings"),
+    ({"a": float("nan"), "b": 1.0}, "median_us: expected a positive number, got nan"),
+    ({"a": 0.0, "b": 1.0}, "median_us: expected a positive number, got 0.0"),
+    ({"a": -1.0, "b": 1.0}, "median_us: expected a positive number, got -1.0"),
     ({"a": None, "b": 1.0}, "could not be judged"),
     ({"a": 1.0}, "cases of BASE are not in NEW"),
 ], ids=["no-shared-case", "no-timings", "nan", "zero", "negative", "one-untimed", "missing-case"])
