@@ -86,7 +86,10 @@ def plan(spec_name: str, *, quick: bool, verify: bool, force: bool, timings: boo
             shard_of = shards.parse_shard(shard, os.environ)
             if shard_of is not None:
                 shards.check_shard_count(shard_of[1], len(cases), "--shard" if shard is not None else None)
-                cases = shards.partition(cases, shard_of[1])[shard_of[0]]
+                total, cases = len(cases), shards.partition(cases, shard_of[1])[shard_of[0]]
+                err.print(f"shard {shard_of[0]} of {shard_of[1]} (" + ("--shard" if shard is not None else "Slurm")
+                          + f"): {len(cases)} of the spec's {total} cases; `moebench merge` joins the shards",
+                          highlight=False)
     return Plan(spec, cases, vary, shard_of, quick, verify)
 
 
@@ -319,6 +322,8 @@ ISOLATE_OPT = typer.Option(False, "--isolate", rich_help_panel=SCALE, help="Run 
 CASE_LIMIT_OPT = typer.Option(CASE_LIMIT_S, "--case-limit", rich_help_panel=RUN, help="Under the Triton "
                               "interpreter, stop a case after this many seconds and record it as an error (0: no "
                               "limit; at most 1e6).")
+SHARD_OPT = typer.Option(None, "--shard", rich_help_panel=SCALE, help="I/N: run shard I of N (0-based); default "
+                         "from SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS when set.")
 TIMINGS_OPT = typer.Option(False, "--timings", rich_help_panel=OUTPUT, help="At the end, print on stderr where the "
                            "command's wall time went (start-up, imports, device, each phase of the cases, writing), "
                            "rows adding up to the total; -v prints it too. The results JSON carries the rows up to "
@@ -353,9 +358,7 @@ def sweep(
     timings: bool = TIMINGS_OPT,
     devices: Optional[str] = typer.Option(None, "--devices", rich_help_panel=SCALE, help="all or 0,1,...: one worker "
                                           "process per GPU."),
-    shard: Optional[str] = typer.Option(None, "--shard", rich_help_panel=SCALE, help="I/N: run shard I of N "
-                                        "(0-based); default from SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS "
-                                        "when set."),
+    shard: Optional[str] = SHARD_OPT,
     isolate: bool = ISOLATE_OPT,
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
@@ -381,12 +384,13 @@ def verify(
     out_dir: Path = OUT_OPT,
     formats: str = FORMAT_OPT,
     timings: bool = TIMINGS_OPT,
+    shard: Optional[str] = SHARD_OPT,
     isolate: bool = ISOLATE_OPT,
     plugin: Optional[list[Path]] = PLUGIN_OPT,
     megatron_lm: Optional[Path] = MEGATRON_OPT,
 ):
     """Run the spec's correctness matrix only; prints e.g. '2280/2280 exact'."""
     p = plan(spec, quick=quick, verify=True, force=force, timings=timings, sources=(plugin, megatron_lm),
-             interpret=interpret)
+             interpret=interpret, shard=shard)
     raise typer.Exit(execute(p, Args(out_dir, interpret, formats, resume, force, case_limit=case_limit,
                                      isolate=isolate, time_it=False)))

@@ -595,3 +595,17 @@ def test_interpreter_workers_fork_from_a_warm_server_and_gpu_workers_are_spawned
     ctx = workers._context(True)
     assert ctx.get_start_method() == "forkserver"
     assert "torch" in workers.WARM and not any(m.startswith("moebench") for m in workers.WARM)
+
+
+def test_verify_takes_shard_and_a_sharded_run_says_it_is_one(tmp_path, capsys, monkeypatch):
+    """docs/scale-out.md promised `--shard` on verify, which had none, while Slurm's variables
+    sharded it silently: "20/20 exact" read as the whole 40-case matrix."""
+    from clirun import run_cli
+
+    code, _, err = run_cli(["verify", "count-block", "--quick", "--shard", "1/2", "--out", str(tmp_path)], capsys)
+    assert code == 0 and "shard 1 of 2 (--shard): 20 of the spec's 40 cases" in err
+    assert (tmp_path / "cpu-interpreter" / "count-block-verify-quick.shard1of2.json").is_file()
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
+    code, _, err = run_cli(["verify", "count-block", "--quick", "--out", str(tmp_path)], capsys)
+    assert code == 0 and "shard 0 of 2 (Slurm): 20 of the spec's 40 cases" in err
