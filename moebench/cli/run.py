@@ -153,6 +153,9 @@ def execute(p: Plan, a: Args) -> int:
         stem = shards.shard_stem(stem, *p.shard)
     writable_dir(a.out_dir, "--out")
     dest = writable_dir(a.out_dir / w.device.slug, "--out")
+    for f in [dest / f"{stem}.{fmt}" for fmt in w.fmts] + [stream_path(dest, stem)]:
+        if f.is_dir():  # found before any case runs, not when the results are written
+            raise UsageError(f"--out: {f} is a folder, where this run writes a file; move it, or give another --out")
     with OutputLock(dest, stem):
         records, summary, written = run_locked(p, w, a, dest, stem)
     return finish(p, w, a, records, summary, written)

@@ -20,6 +20,17 @@ def test_case_limit_out_of_range_is_a_usage_error(tmp_path, capsys, limit):
     assert not (tmp_path / "r").exists()  # refused before anything ran
 
 
+@pytest.mark.parametrize("name", ["s.md", "s.partial.jsonl"])
+def test_a_folder_where_a_results_file_goes_is_refused_before_any_case_runs(tmp_path, capsys, name):
+    """It was found after every case had run, when the results were written."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(small_count_spec("s"))
+    (tmp_path / "r" / "cpu-interpreter" / name).mkdir(parents=True)
+    code, _, err = run_cli(["sweep", str(spec), "--out", str(tmp_path / "r")], capsys)
+    assert code == 2 and _one_line(err) and f"cpu-interpreter/{name} is a folder, where this run writes a file" in err
+    assert sorted(p.name for p in (tmp_path / "r" / "cpu-interpreter").iterdir()) == [name]  # nothing ran
+
+
 def test_a_long_sweep_name_is_refused_naming_the_key(tmp_path, capsys):
     spec = tmp_path / "s.yaml"
     spec.write_text(small_count_spec("n" * 300))
