@@ -232,7 +232,8 @@ def identity(path: Path) -> dict | None:
     try:
         if path.suffix == ".json":
             prov, recs = load_results(path)
-            return _identity_doc(prov, len(recs))
+            kind = next((k for k in ("ab", "pr") if k in prov), None)  # another command's file of this name
+            return {**_identity_doc(prov, len(recs)), **({"kind": kind} if kind else {})}
         if path.suffix == ".md":
             with open(path, "rb") as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
@@ -264,6 +265,8 @@ def existing_records(dest: Path, stem: str, formats: Iterable[str]) -> tuple[int
     or what its JSON twin says, whichever is more), and that file; (0, None) when there is none."""
     best, where = 0, None
     for p, own, twin in _present(dest, stem, formats):
+        if (own or twin or {}).get("kind"):
+            continue  # an ab or pr file of this name: other_spec refuses it as that
         n = max(_records(own), _records(twin))
         if n > best:
             best, where = n, p
@@ -285,6 +288,9 @@ def other_spec(dest: Path, stem: str, prov: dict, formats: Iterable[str]) -> str
     write); else None."""
     for p, own, twin in _present(dest, stem, dict.fromkeys(("json", *formats))):
         old = own or twin
+        if old is not None and old.get("kind"):
+            return (f"{p} holds `moebench {old['kind']}` results of the spec {old.get('spec_path')}, not a sweep's: "
+                    "not replaced (pass --force to replace it, or another --out)")
         if old is None:
             return (f"{p} exists and does not say which spec made it (not a file moebench wrote, or unreadable): "
                     "not replaced (pass --force to replace it, or another --out)")

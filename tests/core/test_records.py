@@ -255,6 +255,19 @@ def test_a_value_the_pages_compute_with_is_checked_on_reading(tmp_path, edit, ke
         load_results(f)
 
 
+@pytest.mark.parametrize("src", ["count-block-ab.json", "pr/count-block-pr.json"])
+def test_an_ab_or_pr_file_of_a_sweeps_name_is_named_as_one(tmp_path, src):
+    """A sweep named `foo-pr` meets `moebench pr foo`'s file: it was called another spec's results, or
+    a file holding more records than the run has cases."""
+    from moebench.core.store import other_spec
+
+    (tmp_path / "foo-pr.json").write_bytes((REAL.parent / src).read_bytes())
+    prov = {"sweep": "foo-pr", "spec_path": "foo-pr.yaml", "spec_sha256": "0" * 64}
+    assert existing_records(tmp_path, "foo-pr", ("json",)) == (0, None)
+    kind = "pr" if "pr" in src else "ab"
+    assert f"foo-pr.json holds `moebench {kind}` results of the spec" in other_spec(tmp_path, "foo-pr", prov, ("json",))
+
+
 def test_a_stream_reads_as_results(tmp_path):
     spec, cases, settings, keys, prov = setup(tmp_path)
     w = ResultsWriter(tmp_path, "s", prov, ("json",), keys=keys)
