@@ -180,6 +180,7 @@ def show(
     by_case(records, str(results), "show")  # a pivot cell holds one case's number
     add_cycles(records)  # timing.cycles (median µs x the case's SM clock) where a clock is recorded
     pv = page_spec(prov, records).pivot  # the file's own pivot, else its (built-in) family's default
+    given = {"rows": rows, "cols": cols}
     rows = rows or pv.get("rows", "label")
     cols = cols or pv.get("cols", "label")
     df = frame(records)
@@ -191,9 +192,10 @@ def show(
             err.print(f"note: {results} has no {metric} ({why}); showing ref_check, the correctness check (--metric "
                       "picks another column)", highlight=False, soft_wrap=True)
             metric = "ref_check"
-    for name, opt in (("--rows", rows), ("--cols", cols), ("--metric", metric)):
-        if opt not in df.columns:
-            raise UsageError(f"{name}: no column {opt!r} in {results}; columns: {', '.join(df.columns)}")
+    for name, opt in (("rows", rows), ("cols", cols), ("metric", metric)):
+        if opt not in df.columns:  # named as the user gave it: the option, or the file's own pivot
+            where = f"--{name}" if given.get(name, opt) else f"{results}: provenance.page.pivot.{name}"
+            raise UsageError(f"{where}: no column {opt!r} in {results}; columns: {', '.join(df.columns)}")
     names = list(records[0].params)
     tables = [("measured", title, t) for title, t in pivots(records, rows, cols, metric, names)]
     ref = None

@@ -282,7 +282,13 @@ def load_results(path: Path) -> tuple[dict, list[Record]]:
         recs = doc.get("records", [])
         if not isinstance(recs, list):
             raise Malformed("records", f"expected a list of records, got {_kind(recs)}")
-        return prov, [record_from(r, f"records[{i}]") for i, r in enumerate(recs)]
+        out = [record_from(r, f"records[{i}]") for i, r in enumerate(recs)]
+        family = prov.get("page", {}).get("family") or (out[0].family if out else None)
+        for i, r in enumerate(out):  # a page reads every record as its family's (a pr file adds the layer's)
+            if r.family != family and "pr" not in prov:
+                raise Malformed(f"records[{i}].family", f"{r.family!r}, where the file's records are of family "
+                                f"{family!r}: a results file holds one family's records")
+        return prov, out
     except Malformed as e:
         raise UsageError(f"{path}: not a moebench results file: {e}") from None
     except (ValueError, UnicodeDecodeError) as e:

@@ -98,7 +98,12 @@ def test_show_and_list(tmp_path, capsys):
     code, out, _ = run_cli(["show", str(res), "--metric", "counts_sum"], capsys)
     assert code == 0 and "block_size \\ tokens" in out
     code, _, err = run_cli(["show", str(res), "--metric", "nope"], capsys)
-    assert code == 2 and "no column 'nope'" in err
+    assert code == 2 and "--metric: no column 'nope'" in err
+    doc = json.loads(res.read_text())
+    doc["provenance"]["page"]["pivot"]["rows"] = "nope"  # the file's own pivot: not an option the user gave
+    res.write_text(json.dumps(doc))
+    code, _, err = run_cli(["show", str(res)], capsys)
+    assert code == 2 and f"{res}: provenance.page.pivot.rows: no column 'nope'" in err
     code, out, _ = run_cli(["list"], capsys)
     assert code == 0 and "persistent" in out and "count-block" in out and "qwen3-30b-a3b" in out
 

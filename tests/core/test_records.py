@@ -244,8 +244,10 @@ REAL = Path(__file__).resolve().parents[2] / "results" / "h200" / "count-block.j
     (lambda d: d["records"][3]["timing"].update(median_us=-1.0), "records[3].timing.median_us: expected a positive"),
     (lambda d: d["records"][3]["timing"].update(median_us=0), "records[3].timing.median_us: expected a positive"),
     (lambda d: d["records"][3]["timing"].update(rel_noise=float("nan")), "records[3].timing.rel_noise: expected a fin"),
+    # once a page's KeyError naming the wrong family ("a record of family 'count' has no 'op'")
+    (lambda d: d["records"][3].update(family="act"), "records[3].family: 'act', where the file's records are of fam"),
 ], ids=["l2-null", "ceiling-null", "rerun-text", "shard-short", "param-list", "timer-number", "negative-time",
-        "zero-time", "nan-noise"])
+        "zero-time", "nan-noise", "two-families"])
 def test_a_value_the_pages_compute_with_is_checked_on_reading(tmp_path, edit, key):
     doc = json.loads(REAL.read_text())
     edit(doc)
