@@ -264,8 +264,9 @@ def compare_records(base: list[Record], new: list[Record], *, threshold: float =
                                                         threshold, higher, within=within)
             row.judged = row.noise is not None
             if row.noise is None:
-                row.note = "no run-to-run term stated (rerun_rel) in " + " and ".join(
-                    s for s, x in (("BASE", xb), ("NEW", xn)) if x is None)
+                row.note = "no interval stated: " + "; ".join(  # which part each side lacks
+                    f"{s} has no " + " or ".join(f"timing.{k}" for k in ("rel_noise", "rerun_rel") if r.timing.get(k) is None)
+                    for s, x, r in (("BASE", xb, b), ("NEW", xn, n)) if x is None)
             notes = [f"{s} clock dropped" for s, r in (("BASE", b), ("NEW", n)) if r.timing.get("clock_ok") is False]
             if row.base_mhz and row.new_mhz and abs(row.new_mhz / row.base_mhz - 1) > CLOCK_TOLERANCE:
                 notes.append(f"clock {row.base_mhz:.0f} -> {row.new_mhz:.0f} MHz")

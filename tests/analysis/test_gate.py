@@ -430,3 +430,15 @@ def test_a_file_without_timings_is_named_as_such_not_as_a_missing_metric():
     recs = [Record("s", "count", "c1", "v", "v", "ok", params={"tokens": 1}, timing={"compile_s": 0.2})]
     with pytest.raises(UsageError, match=r"^BASE holds no timings \(an interpreter or a verify run records none\)$"):
         check_times(recs, "BASE", "median_us")
+
+
+def test_an_unjudged_case_names_the_part_of_the_interval_it_lacks():
+    """A NEW record without rel_noise was said to lack "the run-to-run term (rerun_rel)"."""
+    def rec(**t):
+        return Record("s", "count", "c1", "v", "v", "ok", params={"tokens": 1},
+                      timing={"median_us": 2.0, "rel_noise": 0.007, "rel_noise_within": 0.005, "rerun_rel": 0.005, **t})
+
+    rep = compare_records([rec()], [rec(rel_noise=None, rel_noise_within=None)])
+    assert rep.rows[0].note == "no interval stated: NEW has no timing.rel_noise"
+    rep = compare_records([rec(rerun_rel=None, rel_noise_within=None)], [rec(rel_noise=None, rel_noise_within=None)])
+    assert rep.rows[0].note == "no interval stated: BASE has no timing.rerun_rel; NEW has no timing.rel_noise"
