@@ -308,7 +308,8 @@ RUN, TIMER, OUTPUT, SCALE = "What to run", "Timer", "Output", "Scale-out"
 SPEC_ARG = typer.Argument(..., metavar="SPEC", help="Sweep name (sweeps/NAME.yaml) or path to a spec file.")
 QUICK_OPT = typer.Option(False, "--quick", rich_help_panel=RUN, help="Use the spec's small CI smoke shape.")
 OUT_OPT = typer.Option(DEFAULT_OUT, "--out", rich_help_panel=OUTPUT, help="Results root: files go to "
-                       "OUT/<device>/NAME.* (<device> is the GPU, cpu-interpreter, or host for a host-only family). "
+                       "OUT/<device>/NAME.* (<device> is the GPU, cpu-interpreter, or host for a host-only family; "
+                       "NAME is the spec's name, then -verify for verify, -quick with --quick, .shardIofN for a shard). "
                        "The default is ignored by git; the committed results/ is written only when named.")
 INTERPRET_OPT = typer.Option(False, "--interpret", rich_help_panel=RUN, help="Run the kernels under the Triton "
                              "interpreter on the CPU (correctness only), even where there is a GPU.")
