@@ -30,7 +30,7 @@ ROOT = figures.ROOT
 PROSE = sorted({ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md"),
                 ROOT / "results/h200/REPORT.md", ROOT / "results/h200/TIMER.md",
                 ROOT / "results/h200x2/DEVICES.md", ROOT / "results/h200/history/README.md",
-                ROOT / "results/h200/vs-base/README.md"})
+                ROOT / "results/h200/vs-base/README.md", ROOT / "results/h200/check-569be3d/README.md"})
 IDS = [p.relative_to(ROOT).as_posix() for p in PROSE]
 
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
