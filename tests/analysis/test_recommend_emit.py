@@ -340,7 +340,8 @@ def test_a_negative_or_contradictory_noise_is_a_malformed_input(tmp_path, capsys
                         r["timing"]["rel_noise_within"] = within
         return go
 
-    for rel, within, said in ((-0.5, None, "timing.rel_noise is -0.5"), (float("nan"), None, "rel_noise is nan"),
+    for rel, within, said in ((-0.5, None, "timing.rel_noise: expected a finite, non-negative number, got -0.5"),
+                              (float("nan"), None, "timing.rel_noise: expected a finite, non-negative number, got nan"),
                               (0.0, 0.0, "rel_noise 0 is not hypot(")):
         code, out, err = run_cli(["recommend", str(_injected(tmp_path, edit(rel, within))), "--emit", "env"], capsys)
         assert code == 2 and said in err and f"{VAR}=64" not in out, err
