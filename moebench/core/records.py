@@ -175,7 +175,7 @@ def check_provenance(prov: Any) -> dict:
                 raise Malformed(f"provenance.{g}.{k}", "expected a number" + (" or null" if null is _ANY or k in null else "")
                                 + f", got {_kind(v)}")
     shard = prov.get("shard")
-    if shard is not None and not (len(shard) == 2 and all(_is_number(x) and x == int(x) >= 0 for x in shard)
+    if shard is not None and not (len(shard) == 2 and all(type(x) is int and x >= 0 for x in shard)
                                   and shard[0] < shard[1]):
         raise Malformed("provenance.shard", f"expected [index, count] with 0 <= index < count, got {shard!r}"[:200])
     for k, v in (prov.get("cases") or {}).items():

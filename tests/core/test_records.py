@@ -238,6 +238,7 @@ REAL = Path(__file__).resolve().parents[2] / "results" / "h200" / "count-block.j
     (lambda d: d["provenance"]["ceilings"].update(empty_us=None), "provenance.ceilings.empty_us: expected a number"),
     (lambda d: d["provenance"]["timing"].update(rerun_rel="x"), "provenance.timing.rerun_rel: expected a number or null"),
     (lambda d: d["provenance"].update(shard=[1]), "provenance.shard: expected [index, count]"),
+    (lambda d: d["provenance"].update(shard=[0, float("inf")]), "provenance.shard: expected [index, count]"),
     (lambda d: d["records"][3]["params"].update(tokens=[256]), "records[3].params.tokens: expected a number, a string"),
     (lambda d: d["records"][3]["timing"].update(timer=7), "records[3].timing.timer: expected the timer's name"),
     # once printed as a time by show and render, while compare and recommend refused it
@@ -246,7 +247,7 @@ REAL = Path(__file__).resolve().parents[2] / "results" / "h200" / "count-block.j
     (lambda d: d["records"][3]["timing"].update(rel_noise=float("nan")), "records[3].timing.rel_noise: expected a fin"),
     # once a page's KeyError naming the wrong family ("a record of family 'count' has no 'op'")
     (lambda d: d["records"][3].update(family="act"), "records[3].family: 'act', where the file's records are of fam"),
-], ids=["l2-null", "ceiling-null", "rerun-text", "shard-short", "param-list", "timer-number", "negative-time",
+], ids=["l2-null", "ceiling-null", "rerun-text", "shard-short", "shard-inf", "param-list", "timer-number", "negative-time",
         "zero-time", "nan-noise", "two-families"])
 def test_a_value_the_pages_compute_with_is_checked_on_reading(tmp_path, edit, key):
     doc = json.loads(REAL.read_text())
